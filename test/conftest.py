@@ -1,0 +1,61 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Shared fixtures; ROS isolation is set here, before anything can import rclpy."""
+
+import os
+from pathlib import Path
+import sys
+
+import pytest
+
+# Nothing may leave this machine: localhost-only discovery (Kilted/Jazzy) and the older
+# ROS_LOCALHOST_ONLY (the only one Humble honours), and a DDS domain of our own per test session
+# so parallel sessions (and other developers' tests) do not see each other.
+os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
+os.environ['ROS_LOCALHOST_ONLY'] = '1'
+os.environ.setdefault('ROS_DOMAIN_ID', str(10 + os.getpid() % 90))
+# The ROS 2 wheels find their message packages through ament_index (the venv is the prefix).
+os.environ.setdefault('AMENT_PREFIX_PATH', sys.prefix)
+
+from orin_llm_node.testing import make_tiny_checkpoint  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='session')
+def ckpt_root(tmp_path_factory):
+    """Session directory holding every generated tiny checkpoint."""
+    return tmp_path_factory.mktemp('ckpts')
+
+
+@pytest.fixture(scope='session')
+def make_ckpt(ckpt_root):
+    """Return a factory `make_ckpt(name, seed=0, text_config=None, vision_config=None, **top)`.
+
+    Checkpoints are cached by name for the whole session.
+    """
+    made = {}
+
+    def factory(name, seed=0, text_config=None, vision_config=None, **top_level):
+        if name not in made:
+            made[name] = make_tiny_checkpoint(ckpt_root / name, seed=seed,
+                                              text_config=text_config,
+                                              vision_config=vision_config, **top_level)
+        return made[name]
+
+    return factory
+
+
+@pytest.fixture(scope='session')
+def tiny_ckpt(make_ckpt):
+    """The default tiny Qwen3-VL checkpoint (tied embeddings, 3 layers, DeepStack [0, 1])."""
+    return make_ckpt('default')
+
+
+def cuda_available():
+    """Whether a CUDA device is usable (GPU tests skip cleanly otherwise)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
