@@ -1,0 +1,214 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Engine statistics -> diagnostic_msgs/DiagnosticStatus, and when to publish them.
+
+Two statuses (DESIGN §5): ``<node>: kv_block_pool`` (block counts and exhaustion-ladder
+counters) and ``<node>: generation`` (latency, queue, last request).  Levels are judged on what
+happened *in the last period*: a counter that grew less than ``period_s`` ago (as first seen by
+:meth:`DiagnosticsMonitor.update`) raises the level, so one exhaustion shows as ERROR in at least
+one periodic message and then clears.  :class:`DiagnosticsMonitor` publishes every ``period_s``
+and at once when a level changes -- never per block or per token.
+
+Everything here is pure (the caller passes the clock), so it is unit-tested without rclpy.
+"""
+
+from dataclasses import dataclass, field
+
+from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+
+OK = 0
+WARN = 1
+ERROR = 2
+LEVEL_NAMES = {OK: 'OK', WARN: 'WARN', ERROR: 'ERROR'}
+
+POOL_KEYS = ('total_blocks', 'free_blocks', 'cached_blocks', 'used_blocks', 'usage_pct',
+             'block_size', 'bytes_per_block', 'prefix_hit_rate', 'evictions',
+             'exhaustion_events', 'truncated_generations', 'rejected_prompts')
+# Reported too when the engine provides them (they explain what the ladder did).
+POOL_EXTRA_KEYS = ('prefix_hits', 'prefix_misses', 'dropped_turns', 'vision_cache_hits',
+                   'vision_cache_misses')
+GENERATION_KEYS = ('device', 'dtype', 'cuda_graph', 'last_ttft_ms', 'last_vision_ms',
+                   'last_decode_tok_s', 'queue_depth', 'requests', 'errors',
+                   'last_image_stamp', 'last_finish_reason')
+
+# Counters whose growth is judged per period, and the level that growth raises.
+_WINDOWED = {
+    'truncated_generations': ERROR,
+    'rejected_prompts': ERROR,
+    'exhaustion_events': WARN,     # handled lower on the ladder (turns dropped) if nothing else
+    'dropped_turns': WARN,
+    'evictions': WARN,
+    'errors': WARN,
+    'dropped_prompts': WARN,
+}
+
+
+@dataclass
+class GenerationInfo:
+    """What the node knows about generation; owned and mutated by its worker thread."""
+
+    state: str = 'loading'          # loading | ready | failed
+    device: str = ''
+    dtype: str = ''
+    cuda_graph: bool = False
+    last_ttft_ms: float | None = None
+    last_vision_ms: float | None = None
+    last_decode_tok_s: float | None = None
+    queue_depth: int = 0
+    requests: int = 0
+    errors: int = 0
+    dropped_prompts: int = 0
+    last_image_stamp: float | None = None
+    last_finish_reason: str = ''
+    detail: str = ''                # e.g. the load error
+
+
+def _fmt(value):
+    if value is None:
+        return 'n/a'
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f'{value:.3f}'.rstrip('0').rstrip('.') if value == value else 'nan'
+    return str(value)
+
+
+def _status(level, name, message, hardware_id, values):
+    status = DiagnosticStatus()
+    status.level = bytes([level])
+    status.name = name
+    status.message = message
+    status.hardware_id = hardware_id
+    status.values = [KeyValue(key=k, value=_fmt(v)) for k, v in values]
+    return status
+
+
+def level_of(status):
+    """The level of a DiagnosticStatus as an int (rclpy stores the ``byte`` as ``bytes``)."""
+    level = status.level
+    return level[0] if isinstance(level, (bytes, bytearray)) else int(level)
+
+
+def pool_status(stats, recent, warn_fraction, name='orin_llm: kv_block_pool', hardware_id=''):
+    """Build the ``kv_block_pool`` status.
+
+    ``stats``: the engine's PoolStats (attributes named like :data:`POOL_KEYS`); ``recent``:
+    counter name -> growth within the last period (see :class:`DiagnosticsMonitor`).
+    """
+    values = [(k, getattr(stats, k, None)) for k in POOL_KEYS]
+    values += [(k, getattr(stats, k)) for k in POOL_EXTRA_KEYS if hasattr(stats, k)]
+    total = getattr(stats, 'total_blocks', 0) or 0
+    used = getattr(stats, 'used_blocks', 0) or 0
+    usage = used / total if total else 0.0
+    truncated = recent.get('truncated_generations', 0)
+    rejected = recent.get('rejected_prompts', 0)
+    if truncated or rejected:
+        parts = []
+        if truncated:
+            parts.append(f'{truncated} generation(s) truncated')
+        if rejected:
+            parts.append(f'{rejected} prompt(s) rejected')
+        return _status(ERROR, name, 'KV pool exhausted: ' + ', '.join(parts), hardware_id,
+                       values)
+    warnings = []
+    if usage >= warn_fraction:
+        warnings.append(f'usage {100 * usage:.0f}% >= {100 * warn_fraction:.0f}%')
+    if recent.get('exhaustion_events', 0) or recent.get('dropped_turns', 0):
+        warnings.append(f"pool full: {recent.get('dropped_turns', 0)} old turn(s) dropped")
+    if recent.get('evictions', 0):
+        warnings.append(f"{recent['evictions']} cached block(s) evicted")
+    if warnings:
+        return _status(WARN, name, '; '.join(warnings), hardware_id, values)
+    rate = getattr(stats, 'prefix_hit_rate', 0.0) or 0.0
+    return _status(OK, name, f'usage {100 * usage:.0f}%, prefix hit rate {100 * rate:.0f}%',
+                   hardware_id, values)
+
+
+def generation_status(info, recent, name='orin_llm: generation', hardware_id=''):
+    """Build the ``generation`` status from a :class:`GenerationInfo`."""
+    values = [(k, getattr(info, k)) for k in GENERATION_KEYS]
+    values.append(('dropped_prompts', info.dropped_prompts))
+    if info.state == 'failed':
+        return _status(ERROR, name, f'engine failed: {info.detail}', hardware_id, values)
+    if info.state == 'loading':
+        return _status(OK, name, info.detail or 'loading model', hardware_id, values)
+    problems = []
+    if recent.get('errors', 0):
+        problems.append(f"{recent['errors']} request error(s)")
+    if recent.get('dropped_prompts', 0):
+        problems.append(f"{recent['dropped_prompts']} prompt(s) dropped (queue full)")
+    if problems:
+        return _status(WARN, name, '; '.join(problems), hardware_id, values)
+    if info.last_finish_reason:
+        return _status(OK, name, f'last answer: {info.last_finish_reason}', hardware_id, values)
+    return _status(OK, name, 'ready', hardware_id, values)
+
+
+@dataclass
+class DiagnosticsMonitor:
+    """Decides when to publish: every ``period_s``, and at once when a status level changes.
+
+    Call :meth:`update` as often as convenient (the node calls it after every request and when
+    idle); it returns the statuses to publish, or None.
+    """
+
+    period_s: float
+    warn_fraction: float
+    node_name: str = 'orin_llm'
+    hardware_id: str = ''
+    _counts: dict = field(default_factory=dict)
+    _grown_at: dict = field(default_factory=dict)     # counter -> [(time, growth), ...]
+    _levels: tuple = ()
+    _next_periodic: float | None = None
+
+    def _recent(self, now, counters):
+        for key, value in counters.items():
+            if value is None:
+                continue
+            before = self._counts.get(key)
+            self._counts[key] = value
+            if before is not None and value > before:
+                self._grown_at.setdefault(key, []).append((now, value - before))
+        recent = {}
+        for key, events in self._grown_at.items():
+            events[:] = [(t, n) for t, n in events if now - t < self.period_s]
+            recent[key] = sum(n for _, n in events)
+        return recent
+
+    def statuses(self, now, pool_stats, info):
+        """Both statuses for time ``now`` (seconds, any monotonic clock); updates the windows."""
+        counters = {}
+        if pool_stats is not None:
+            counters = {k: getattr(pool_stats, k, None) for k in _WINDOWED}
+        counters['errors'] = info.errors
+        counters['dropped_prompts'] = info.dropped_prompts
+        recent = self._recent(now, counters)
+        out = []
+        if pool_stats is not None:
+            out.append(pool_status(pool_stats, recent, self.warn_fraction,
+                                   f'{self.node_name}: kv_block_pool', self.hardware_id))
+        out.append(generation_status(info, recent, f'{self.node_name}: generation',
+                                     self.hardware_id))
+        return out
+
+    def update(self, now, pool_stats, info, force=False):
+        """Return the statuses to publish now (periodic, level change or ``force``), else None."""
+        statuses = self.statuses(now, pool_stats, info)
+        levels = tuple((s.name, level_of(s)) for s in statuses)
+        due = self._next_periodic is None or now >= self._next_periodic
+        if not (due or force or levels != self._levels):
+            return None
+        self._levels = levels
+        if due:
+            # Stay on the grid (no drift) unless we fell far behind.
+            base = self._next_periodic if self._next_periodic is not None else now
+            self._next_periodic = base + self.period_s
+            if self._next_periodic <= now:
+                self._next_periodic = now + self.period_s
+        return statuses
+
+    def seconds_until_due(self, now):
+        """How long the caller may sleep before the next periodic publication."""
+        if self._next_periodic is None:
+            return 0.0
+        return max(0.0, self._next_periodic - now)
