@@ -2,6 +2,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """Prompt processing: images to pixel patches, chat rendering and tokens, M-RoPE positions."""
 
+from orin_llm_node.processing.chat import ChatTemplate, Tokenizer, expand_image_pads, user_message
+from orin_llm_node.processing.image import ImageProcessor, ProcessedImage, smart_resize
 from orin_llm_node.processing.rope_index import rope_delta, rope_positions
 
-__all__ = ["rope_delta", "rope_positions"]
+__all__ = [
+    "ChatTemplate",
+    "ImageProcessor",
+    "ProcessedImage",
+    "Tokenizer",
+    "expand_image_pads",
+    "rope_delta",
+    "rope_positions",
+    "smart_resize",
+    "user_message",
+]
