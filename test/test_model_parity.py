@@ -1,0 +1,312 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Our Qwen3-VL modules against transformers' reference, fp32 on CPU, on tiny checkpoints.
+
+Inputs are built the reference way (the checkpoint's tokenizer and chat template, and
+``Qwen2VLImageProcessorPil``); our positions come from ``processing.rope_index``. The mutation
+tests break one detail at a time and check that the same comparisons then fail.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from orin_llm_node.attention.base import causal_attention
+from orin_llm_node.attention.contiguous import ContiguousAttention
+from orin_llm_node.models import load_model, qwen3_vl_text, qwen3_vl_vision
+from orin_llm_node.processing.rope_index import rope_positions
+
+transformers = pytest.importorskip('transformers')
+PIL_Image = pytest.importorskip('PIL.Image')
+
+LOGIT_TOL = 1e-4
+VISION_REL_TOL = 1e-5
+IMAGE_PAD = '<|image_pad|>'
+
+# Shapes of issue 7 §4 (the defaults come from the `tiny_ckpt` fixture).
+VARIANTS = {
+    'untied': dict(tie_word_embeddings=False),
+    'deepstack3': dict(vision_config={'depth': 4, 'deepstack_visual_indexes': [1, 2, 3]}),
+    'head_dim64': dict(text_config={
+        'head_dim': 64,
+        'rope_parameters': {'rope_type': 'default', 'rope_theta': 10000.0,
+                            'mrope_section': [12, 10, 10], 'mrope_interleaved': True}}),
+    'layers6': dict(text_config={'num_hidden_layers': 6}),
+}
+
+_cache: dict = {}
+
+
+def reference(ckpt: Path):
+    key = ('ref', str(ckpt))
+    if key not in _cache:
+        _cache[key] = transformers.Qwen3VLForConditionalGeneration.from_pretrained(
+            ckpt, dtype=torch.float32).eval()
+    return _cache[key]
+
+
+def preprocessing(ckpt: Path):
+    key = ('pre', str(ckpt))
+    if key not in _cache:
+        _cache[key] = (transformers.AutoTokenizer.from_pretrained(ckpt),
+                       transformers.Qwen2VLImageProcessorPil.from_pretrained(ckpt))
+    return _cache[key]
+
+
+@pytest.fixture
+def variant_ckpt(request, make_ckpt, tiny_ckpt):
+    name = request.param
+    return tiny_ckpt if name == 'default' else make_ckpt(f'models-{name}', **VARIANTS[name])
+
+
+@dataclass
+class Prompt:
+    """One reference-built prompt: ids [N], pixel patches and grids (None without images)."""
+
+    ids: torch.Tensor
+    pixel_values: torch.Tensor | None
+    grids: torch.Tensor | None
+    turn_starts: list[int]  # index of each user turn's first token
+
+
+def random_image(h: int, w: int, seed: int):
+    rgb = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    return PIL_Image.fromarray(rgb)
+
+
+def build_prompt(ckpt: Path, turns: list[tuple[list[tuple[int, int]], str, str | None]]):
+    """``turns``: (image sizes (h, w), user text, assistant answer or None) per user turn."""
+    tok, proc = preprocessing(ckpt)
+    messages, images = [], []
+    for sizes, text, answer in turns:
+        images += [random_image(h, w, seed=len(images) + 7 * h + w) for h, w in sizes]
+        content = [{'type': 'image'} for _ in sizes] + [{'type': 'text', 'text': text}]
+        messages.append({'role': 'user', 'content': content})
+        if answer is not None:
+            messages.append({'role': 'assistant', 'content': answer})
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    pixel_values = grids = None
+    if images:
+        out = proc(images=images, return_tensors='pt')
+        pixel_values, grids = out['pixel_values'], out['image_grid_thw']
+        merge = proc.merge_size ** 2
+        parts = text.split(IMAGE_PAD)
+        assert len(parts) == len(images) + 1
+        pads = [IMAGE_PAD * (int(g.prod()) // merge) for g in grids]
+        text = parts[0] + ''.join(a + b for a, b in zip(pads, parts[1:], strict=True))
+    ids = torch.tensor(tok(text)['input_ids'])
+    im_start = tok.convert_tokens_to_ids('<|im_start|>')
+    user = tok('<|im_start|>user')['input_ids']
+    starts = [i for i in range(len(ids)) if ids[i:i + len(user)].tolist() == user]
+    assert ids[starts[0]] == im_start
+    return Prompt(ids, pixel_values, grids, starts)
+
+
+def reference_logits(ref, p: Prompt, image_token_id: int) -> torch.Tensor:
+    kwargs = {}
+    if p.pixel_values is not None:
+        kwargs = dict(pixel_values=p.pixel_values, image_grid_thw=p.grids,
+                      mm_token_type_ids=(p.ids == image_token_id).int()[None])
+    with torch.no_grad():
+        return ref(input_ids=p.ids[None], **kwargs).logits[0]
+
+
+def our_logits(model, p: Prompt, chunks: list[int] | None = None) -> torch.Tensor:
+    """Our logits for every position, prefilled chunk by chunk (a turn each) through one KV."""
+    cfg = model.config
+    merge = cfg.vision.spatial_merge_size
+    bounds = [0, *(chunks or []), len(p.ids)]
+    grids = p.grids.tolist() if p.grids is not None else []
+    vis = model.encode_images(p.pixel_values, p.grids) if grids else None
+    attn = ContiguousAttention(cfg.text.num_hidden_layers)
+    out, start, used_grids, used_rows = [], 0, 0, 0
+    with torch.no_grad():
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            ids = p.ids[lo:hi]
+            n_img = int((ids == cfg.vision_start_token_id).sum())  # one per image
+            rows = int((ids == cfg.image_token_id).sum())
+            pos, start = rope_positions(ids.tolist(), grids[used_grids:used_grids + n_img],
+                                        cfg.image_token_id, merge, start=start)
+            chunk_vis = vis[used_rows:used_rows + rows] if rows else None
+            h = model(ids, torch.from_numpy(pos), attn, chunk_vis)
+            out.append(model.compute_logits(h))
+            used_grids, used_rows = used_grids + n_img, used_rows + rows
+    return torch.cat(out)
+
+
+def vision_rel_errors(model, ref, p: Prompt) -> list[float]:
+    """Relative error (Frobenius) per image of the merger output and every DeepStack level."""
+    with torch.no_grad():
+        want = ref.model.get_image_features(p.pixel_values, p.grids)
+        got = model.encode_images(p.pixel_values, p.grids)
+    sizes = (p.grids.prod(-1) // model.config.vision.spatial_merge_size ** 2).tolist()
+    assert len(got.deepstack) == len(want.deepstack_features) > 0
+    errs = []
+    for ours_all, theirs in [(got.embeds, want.pooler_output),
+                             *zip(got.deepstack, want.deepstack_features, strict=True)]:
+        for a, b in zip(ours_all.split(sizes), theirs, strict=True):
+            errs.append(((a - b).norm() / b.norm()).item())
+    return errs
+
+
+def assert_logits_parity(model, ckpt: Path, p: Prompt, chunks=None) -> float:
+    want = reference_logits(reference(ckpt), p, model.config.image_token_id)
+    got = our_logits(model, p, chunks)
+    diff = (got - want).abs().max().item()
+    assert diff <= LOGIT_TOL, f'logits max|diff| {diff:.3g} > {LOGIT_TOL}'
+    return diff
+
+
+def assert_vision_parity(model, ckpt: Path, p: Prompt) -> float:
+    errs = vision_rel_errors(model, reference(ckpt), p)
+    assert max(errs) <= VISION_REL_TOL, f'vision rel errors {errs}'
+    return max(errs)
+
+
+TWO_IMAGES = [([(96, 160), (224, 128)], 'How many shapes are there?', None)]
+
+
+# ---------------------------------------------------------------- parity on the default shape
+
+def test_text_only(tiny_ckpt):
+    p = build_prompt(tiny_ckpt, [([], 'Is the path clear? Answer briefly.', None)])
+    assert_logits_parity(load_model(tiny_ckpt), tiny_ckpt, p)
+
+
+@pytest.mark.parametrize('size', [(64, 64), (96, 160), (224, 128)])
+def test_one_image(tiny_ckpt, size):
+    model = load_model(tiny_ckpt)
+    p = build_prompt(tiny_ckpt, [([size], 'What is in front of you?', None)])
+    assert_vision_parity(model, tiny_ckpt, p)
+    assert_logits_parity(model, tiny_ckpt, p)
+
+
+def test_two_turns_incremental(tiny_ckpt):
+    """Image in each turn; we prefill turn 2 on top of turn 1's KV (bottom-right mask)."""
+    model = load_model(tiny_ckpt)
+    p = build_prompt(tiny_ckpt, [
+        ([(64, 96)], 'What colour is the shape?', 'It is red.'),
+        ([(128, 64)], 'And what shape is it?', None),
+    ])
+    assert len(p.turn_starts) == 2
+    assert_logits_parity(model, tiny_ckpt, p, chunks=[p.turn_starts[1]])
+
+
+def test_greedy_64_tokens(tiny_ckpt):
+    model, ref = load_model(tiny_ckpt), reference(tiny_ckpt)
+    cfg = model.config
+    p = build_prompt(tiny_ckpt, [([(96, 160)], 'Describe the image.', None)])
+    n = len(p.ids)
+    # min_new_tokens masks the eos logits in the reference; we mask the same ids.
+    eos = ref.generation_config.eos_token_id
+    eos = torch.tensor(eos if isinstance(eos, list) else [eos])
+
+    def pick(logits):
+        return int(logits[0].index_fill(0, eos, -torch.inf).argmax())
+
+    with torch.no_grad():
+        want = ref.generate(
+            input_ids=p.ids[None], attention_mask=torch.ones(1, n, dtype=torch.long),
+            pixel_values=p.pixel_values, image_grid_thw=p.grids,
+            mm_token_type_ids=(p.ids == cfg.image_token_id).int()[None],
+            max_new_tokens=64, min_new_tokens=64, do_sample=False)[0, n:].tolist()
+        attn = ContiguousAttention(cfg.text.num_hidden_layers)
+        pos, next_start = rope_positions(p.ids.tolist(), p.grids.tolist(), cfg.image_token_id,
+                                         cfg.vision.spatial_merge_size)
+        vis = model.encode_images(p.pixel_values, p.grids)
+        h = model(p.ids, torch.from_numpy(pos), attn, vis)
+        got = [pick(model.compute_logits(h[-1:]))]
+        for i in range(63):
+            # Decode positions are 1-D: sequence index + rope delta == next_start + i.
+            h = model(torch.tensor(got[-1:]), torch.tensor([next_start + i]), attn)
+            got.append(pick(model.compute_logits(h)))
+    assert len(want) == 64
+    assert len(set(want)) > 3, 'degenerate reference output proves nothing'
+    assert got == want
+
+
+def test_1d_positions_match_3d(tiny_ckpt):
+    model = load_model(tiny_ckpt)
+    pos1 = torch.arange(5, 40)
+    rot = model.language_model.rotary_emb
+    for a, b in zip(rot(pos1, torch.float32), rot(pos1.expand(3, -1), torch.float32),
+                    strict=True):
+        assert torch.equal(a, b)
+    ids = build_prompt(tiny_ckpt, [([], 'Turn left at the shelf.', None)]).ids
+    with torch.no_grad():
+        n = len(ids)
+        h1 = model(ids, torch.arange(n), ContiguousAttention(3))
+        h3 = model(ids, torch.arange(n).expand(3, -1), ContiguousAttention(3))
+    assert torch.equal(h1, h3)
+
+
+def test_causal_attention_bottom_right_gqa():
+    g = torch.Generator().manual_seed(0)
+    prefix, n, hq, hkv, d = 5, 4, 4, 2, 8
+    q = torch.randn(n, hq, d, generator=g)
+    k, v = (torch.randn(prefix + n, hkv, d, generator=g) for _ in range(2))
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    scores = torch.einsum('qhd,khd->hqk', q, kk) * d ** -0.5
+    allowed = torch.arange(prefix + n)[None, :] <= prefix + torch.arange(n)[:, None]
+    want = torch.einsum('hqk,khd->qhd', scores.masked_fill(~allowed, -torch.inf).softmax(-1), vv)
+    torch.testing.assert_close(causal_attention(q, k, v, prefix), want)
+
+
+# ---------------------------------------------------------------- other checkpoint shapes
+
+@pytest.mark.parametrize('variant_ckpt', ['default', *VARIANTS], indirect=True)
+def test_shapes_two_images(variant_ckpt):
+    model = load_model(variant_ckpt)
+    p = build_prompt(variant_ckpt, TWO_IMAGES)
+    assert_vision_parity(model, variant_ckpt, p)
+    assert_logits_parity(model, variant_ckpt, p)
+
+
+# ---------------------------------------------------------------- mutations must fail parity
+
+def _mutated_model_fails(ckpt):
+    model = load_model(ckpt)  # built after the patch, so patched buffers are in effect
+    p = build_prompt(ckpt, TWO_IMAGES)
+    with pytest.raises(AssertionError):
+        assert_logits_parity(model, ckpt, p)
+    return model, p
+
+
+def test_mutation_no_vision_rope(tiny_ckpt, monkeypatch):
+    monkeypatch.setattr(qwen3_vl_vision, 'apply_rope_vision', lambda q, k, cos, sin: (q, k))
+    model, p = _mutated_model_fails(tiny_ckpt)
+    with pytest.raises(AssertionError):
+        assert_vision_parity(model, tiny_ckpt, p)
+
+
+def test_mutation_interpolation_without_align_corners(tiny_ckpt, monkeypatch):
+    taps = qwen3_vl_vision.interpolation_taps
+    monkeypatch.setattr(qwen3_vl_vision, 'interpolation_taps',
+                        lambda grid, side, merge: taps(grid, side, merge, align_corners=False))
+    model, p = _mutated_model_fails(tiny_ckpt)
+    with pytest.raises(AssertionError):
+        assert_vision_parity(model, tiny_ckpt, p)
+
+
+def test_mutation_swap_mrope_h_w(tiny_ckpt, monkeypatch):
+    axis_map = qwen3_vl_text.mrope_axis_map
+    # Swap which frequencies follow the H and the W axis.
+    monkeypatch.setattr(qwen3_vl_text, 'mrope_axis_map',
+                        lambda d, sec: (3 - axis_map(d, sec)) % 3)
+    _mutated_model_fails(tiny_ckpt)
+
+
+def test_mutation_skip_one_deepstack(tiny_ckpt, monkeypatch):
+    add = qwen3_vl_text.add_deepstack
+    calls = []
+
+    def skip_second(h, idx, feature):
+        calls.append(1)
+        return h if len(calls) == 2 else add(h, idx, feature)
+
+    monkeypatch.setattr(qwen3_vl_text, 'add_deepstack', skip_second)
+    _mutated_model_fails(tiny_ckpt)
+    assert len(calls) == 2
