@@ -1,0 +1,20 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The paged-KV inference engine: ``LLMEngine`` with ``EngineConfig`` and ``SamplingParams``."""
+
+from orin_llm_node.engine.block_pool import BlockPool, PoolStats
+from orin_llm_node.engine.config import EngineConfig, SamplingParams
+from orin_llm_node.engine.conversation import Conversation
+from orin_llm_node.engine.llm_engine import FINISH_REASONS, ChatResult, LLMEngine, StreamEvent
+
+__all__ = [
+    "FINISH_REASONS",
+    "BlockPool",
+    "ChatResult",
+    "Conversation",
+    "EngineConfig",
+    "LLMEngine",
+    "PoolStats",
+    "SamplingParams",
+    "StreamEvent",
+]

@@ -1,0 +1,142 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Engine and sampling configuration: plain dataclasses, validated once at construction."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_DEVICES = ("auto", "cpu", "cuda")
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def _positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs to start; invalid values raise ValueError naming the field.
+
+    KV pool size: ``num_kv_blocks`` if given, else ``kv_cache_memory_mb``, else (CUDA) the free
+    device memory after loading the weights times ``gpu_memory_fraction``, else (CPU) room for
+    ``cpu_kv_tokens`` tokens (default: twice ``max_model_len``).
+    """
+
+    model_path: str | Path
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_mb: float | None = None
+    gpu_memory_fraction: float = 0.5
+    cpu_kv_tokens: int | None = None
+    max_model_len: int = 8192
+    enable_prefix_cache: bool = True
+    enable_cuda_graph: bool = True
+    image_max_pixels: int | None = None
+    image_min_pixels: int | None = None
+    vision_cache_mb: float = 64.0
+    block_order_seed: int | None = None
+
+    def __post_init__(self):
+        if not str(self.model_path):
+            raise ValueError("model_path must not be empty")
+        self.model_path = Path(self.model_path)
+        if self.device not in _DEVICES and not str(self.device).startswith("cuda:"):
+            raise ValueError(
+                f"device must be one of {_DEVICES} (or 'cuda:N'), got {self.device!r}"
+            )
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(
+                f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}"
+            )
+        _positive_int("block_size", self.block_size)
+        _positive_int("num_kv_blocks", self.num_kv_blocks, allow_none=True)
+        _positive_int("max_model_len", self.max_model_len)
+        _positive_int("cpu_kv_tokens", self.cpu_kv_tokens, allow_none=True)
+        if self.kv_cache_memory_mb is not None and not self.kv_cache_memory_mb > 0:
+            raise ValueError(
+                f"kv_cache_memory_mb must be > 0 when set, got {self.kv_cache_memory_mb!r}"
+            )
+        if not 0.0 < self.gpu_memory_fraction <= 1.0:
+            raise ValueError(
+                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}"
+            )
+        if self.vision_cache_mb < 0:
+            raise ValueError(f"vision_cache_mb must be >= 0, got {self.vision_cache_mb!r}")
+        for name in ("image_max_pixels", "image_min_pixels"):
+            _positive_int(name, getattr(self, name), allow_none=True)
+        if (
+            self.image_max_pixels is not None
+            and self.image_min_pixels is not None
+            and self.image_min_pixels > self.image_max_pixels
+        ):
+            raise ValueError(
+                f"image_min_pixels ({self.image_min_pixels}) must not exceed "
+                f"image_max_pixels ({self.image_max_pixels})"
+            )
+        if self.block_order_seed is not None and not isinstance(self.block_order_seed, int):
+            raise ValueError(f"block_order_seed must be an int, got {self.block_order_seed!r}")
+
+    def resolve_device(self) -> torch.device:
+        """The torch device: 'auto' means CUDA when available, else the CPU."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if str(self.device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={self.device!r} but CUDA is not available")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        """The torch dtype: 'auto' means bfloat16 on CUDA and float32 on the CPU."""
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding settings. ``temperature == 0`` is greedy (deterministic).
+
+    ``top_k == 0`` and ``top_p == 1.0`` disable those filters; ``seed`` makes sampling
+    reproducible; ``timeout_s`` ends the answer with ``finish_reason="timeout"``.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    ignore_eos: bool = False
+    timeout_s: float | None = None
+
+    def __post_init__(self):
+        _positive_int("max_tokens", self.max_tokens)
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 when set, got {self.timeout_s!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is argmax (temperature 0)."""
+        return self.temperature == 0.0

@@ -1,0 +1,325 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""LLMEngine: conversations, ``chat`` / ``chat_stream``, ``cancel``, ``reset``, ``stats``.
+
+Single-threaded: one generation at a time, run by the caller's thread. ``cancel()`` is the one
+call another thread may make (a flag checked before every step).
+"""
+
+from dataclasses import dataclass, replace
+import logging
+import threading
+import time
+
+import numpy as np
+import torch
+
+from orin_llm_node.models import VisionOutput, load_model
+from orin_llm_node.processing import ChatTemplate, ImageProcessor, Tokenizer
+
+from .block_pool import BlockPool, PoolStats
+from .config import EngineConfig, SamplingParams
+from .conversation import Conversation, PromptBuilder
+from .detokenizer import IncrementalDetokenizer
+from .model_runner import ModelRunner, plan_num_blocks
+from .sampler import Sampler
+from .scheduler import CONTEXT_FULL, OK, Scheduler
+from .vision_cache import VisionCache
+
+__all__ = ["ChatResult", "LLMEngine", "StreamEvent"]
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS = ("stop", "length", "kv_exhausted", "context_full", "cancelled", "timeout")
+
+
+@dataclass
+class ChatResult:
+    """The outcome of one turn.
+
+    ``prompt_token_ids``: everything attended for this turn (history included, after any
+    dropped turns); ``prompt_images``: the images inside it, in order; ``token_ids``: the
+    generated ids (a stop token included); ``cached_tokens``: prompt tokens reused from the KV
+    cache; ``error``: why nothing was generated, when the prompt could not run.
+    """
+
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    prompt_images: list[np.ndarray]
+    finish_reason: str
+    cached_tokens: int = 0
+    ttft_s: float = 0.0
+    decode_tok_s: float = 0.0
+    vision_s: float = 0.0
+    dropped_turns: int = 0
+    error: str | None = None
+
+
+@dataclass
+class StreamEvent:
+    """One step of ``chat_stream``: a text delta, and on the last event the ``ChatResult``."""
+
+    delta: str
+    token_id: int | None = None
+    result: ChatResult | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True on the last event of a turn."""
+        return self.result is not None
+
+
+class LLMEngine:
+    """Qwen3-VL on a paged KV cache with a prefix cache across turns."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = config.resolve_device()
+        self.dtype = config.resolve_dtype(self.device)
+        path = config.model_path
+        self.model = load_model(path, dtype=self.dtype, device=self.device).eval()
+        mcfg = self.model.config
+        self.tokenizer = Tokenizer.from_pretrained(path)
+        image_processor = ImageProcessor.from_pretrained(
+            path, min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels
+        )
+        self.prompts = PromptBuilder(
+            ChatTemplate.from_pretrained(path), self.tokenizer, image_processor,
+            mcfg.image_token_id, mcfg.vision.spatial_merge_size,
+        )
+        num_blocks = plan_num_blocks(config, mcfg.text, self.dtype, self.device)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size,
+                                  config.max_model_len, self.device, self.dtype)
+        self.pool = BlockPool(num_blocks, config.block_size, self.runner.bytes_per_block,
+                              config.block_order_seed)
+        self.scheduler = Scheduler(self.pool, config.max_model_len, config.enable_prefix_cache)
+        self.vision_cache = VisionCache(int(config.vision_cache_mb * 2**20))
+        self._banned = {mcfg.image_token_id, mcfg.video_token_id,
+                        mcfg.vision_start_token_id, mcfg.vision_end_token_id}
+        self._cancel = threading.Event()
+        self._conversations: dict[int, Conversation] = {}  # those holding blocks
+        per_block = self.runner.bytes_per_block
+        log.info(
+            "KV cache on %s (%s): %d blocks x %d tokens, %d bytes per block, %.1f MiB, "
+            "holds at most %d tokens (max_model_len %d)",
+            self.device, str(self.dtype).replace("torch.", ""), num_blocks, config.block_size,
+            per_block, num_blocks * per_block / 2**20, num_blocks * config.block_size,
+            config.max_model_len,
+        )
+
+    # ---- public API ------------------------------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block."""
+        return self.pool.block_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one KV block over all layers."""
+        return self.runner.bytes_per_block
+
+    def new_conversation(self, system_prompt: str | None = None) -> Conversation:
+        """Start a conversation; the system prompt's blocks are shared through the cache."""
+        return Conversation(system_prompt, self.prompts.system_segment(system_prompt))
+
+    def cancel(self) -> None:
+        """Stop the generation in progress at its next step (thread-safe)."""
+        self._cancel.set()
+
+    def reset(self, conv: Conversation | None = None) -> None:
+        """Forget ``conv``'s history (every conversation's when None); keeps its system prompt.
+
+        The blocks go back to the pool tail first, so hashed ones stay reusable as cache.
+        """
+        convs = list(self._conversations.values()) if conv is None else [conv]
+        for c in convs:
+            self.scheduler.release(c)
+            c.reset()
+            self._conversations.pop(c.id, None)
+
+    def stats(self) -> PoolStats:
+        """Block pool counts and exhaustion counters."""
+        return replace(self.pool.stats(), vision_cache_hits=self.vision_cache.hits,
+                       vision_cache_misses=self.vision_cache.misses)
+
+    def chat(self, conv: Conversation, text: str, images=None,
+             sampling: SamplingParams | None = None) -> ChatResult:
+        """Answer ``text`` (with optional RGB uint8 ``images``) in ``conv``; see ``ChatResult``."""
+        result = None
+        for event in self.chat_stream(conv, text, images, sampling):
+            result = event.result
+        return result
+
+    def chat_stream(self, conv: Conversation, text: str, images=None,
+                    sampling: SamplingParams | None = None):
+        """Like ``chat``, yielding ``StreamEvent``s with text deltas; the last carries the result.
+
+        Invalid input (text, images) raises ``ValueError`` before anything changes; running out
+        of context or KV blocks never raises: ``finish_reason`` says what happened.
+        """
+        t0 = time.perf_counter()
+        self._cancel.clear()
+        sampling = sampling or SamplingParams()
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        turn = self.prompts.user_turn(conv, text, list(images or []))
+        plan = self.scheduler.plan(conv, turn, sampling.max_tokens)
+        if plan.status != OK:
+            yield StreamEvent("", result=self._refused(conv, turn, plan))
+            return
+        dropped = plan.drop
+        cached = self.scheduler.commit(conv, turn, plan)
+        self._conversations[conv.id] = conv
+        state = _TurnState(t0, cached, dropped)
+        try:
+            yield from self._generate(conv, sampling, state)
+        finally:
+            self._close_turn(conv, turn, state)
+        yield StreamEvent(state.tail, result=state.result)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _refused(self, conv, turn, plan) -> ChatResult:
+        if plan.status == CONTEXT_FULL:
+            reason = "context_full"
+        else:
+            reason = "kv_exhausted"
+            self.pool.rejected_prompts += 1
+            self.pool.exhaustion_events += 1
+        log.warning("prompt not run (%s): %s", reason, plan.reason)
+        spans = [*conv.image_spans(), *turn.images]
+        return ChatResult("", [], conv.token_ids + turn.token_ids, [img.rgb for _, img in spans],
+                          reason, error=plan.reason)
+
+    def _vision_rows(self, spans, start: int) -> tuple[VisionOutput | None, float]:
+        # Vision rows of every image pad at or after token index ``start``, in order. A prefix
+        # hit may end inside an image: its uncached tokens still need their rows.
+        parts, t0 = [], time.perf_counter()
+        for s, img in spans:
+            if s + img.num_tokens <= start:
+                continue
+            key = (img.key, img.grid_thw)
+            out = self.vision_cache.get(key)
+            if out is None:
+                pixels = img.pixel_values
+                if pixels is None:
+                    pixels = self.prompts.image_processor.preprocess(img.rgb).pixel_values
+                out = self.runner.encode_image(pixels, img.grid_thw)
+                self.vision_cache.put(key, out)
+            lo = max(0, start - s)
+            parts.append(out[lo:] if lo else out)
+        if not parts:
+            return None, 0.0
+        if len(parts) > 1:
+            parts = [VisionOutput(
+                torch.cat([p.embeds for p in parts]),
+                tuple(torch.cat(level) for level in zip(*(p.deepstack for p in parts),
+                                                         strict=True)),
+            )]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return parts[0], time.perf_counter() - t0
+
+    def _generate(self, conv: Conversation, sampling: SamplingParams, state: "_TurnState"):
+        sched, runner = self.scheduler, self.runner
+        prompt = list(conv.token_ids)
+        spans = conv.image_spans()
+        state.prompt_ids = prompt
+        state.images = [img.rgb for _, img in spans]
+        positions, next_pos = self.prompts.positions(prompt, spans)
+        deadline = None if sampling.timeout_s is None else state.t0 + sampling.timeout_s
+        if self._cancel.is_set():
+            state.finish = "cancelled"
+            return
+        visual, state.vision_s = self._vision_rows(spans, state.cached)
+        for _, img in spans:
+            img.pixel_values = None  # the vision cache or the rgb array serve re-prefills
+        logits = runner.prefill(prompt[state.cached:], positions[:, state.cached:],
+                                conv.block_table, state.cached, visual)
+        sched.kv_written(conv, len(prompt))
+        sampler = Sampler(sampling, self.device, self._banned)
+        detok = state.detok = IncrementalDetokenizer(self.tokenizer.decode)
+        eos = set() if sampling.ignore_eos else set(self.tokenizer.eos_ids)
+        gen = state.token_ids
+        while True:
+            token = sampler(logits)
+            now = time.perf_counter()
+            if not gen:
+                state.t_first = now
+            state.t_last = now
+            gen.append(token)
+            conv.token_ids.append(token)
+            conv.segments[-1].token_ids.append(token)
+            if token in eos:
+                state.finish = "stop"
+                return
+            delta = detok.add(token)
+            yield StreamEvent(delta, token)
+            if len(gen) >= sampling.max_tokens:
+                state.finish = "length"
+                return
+            if len(conv.token_ids) >= self.config.max_model_len:
+                state.finish = "context_full"
+                return
+            if self._cancel.is_set():
+                state.finish = "cancelled"
+                return
+            if deadline is not None and time.perf_counter() >= deadline:
+                state.finish = "timeout"
+                return
+            context = len(conv.token_ids)
+            if not sched.reserve(conv, context):
+                self.pool.truncated_generations += 1
+                self.pool.exhaustion_events += 1
+                log.warning("KV pool exhausted: answer truncated after %d tokens", len(gen))
+                state.finish = "kv_exhausted"
+                return
+            logits = runner.decode(token, next_pos + len(gen) - 1, conv.block_table, context)
+            sched.kv_written(conv, context)
+
+    def _close_turn(self, conv: Conversation, turn, state: "_TurnState") -> None:
+        # Runs whatever ended the turn (finish, error, a closed stream): the history stays a
+        # valid conversation, closed with <|im_end|>.
+        state.finish = state.finish or "cancelled"
+        state.tail = state.detok.flush() if state.detok else ""
+        text = state.detok.text if state.detok else ""
+        im_end = self.tokenizer.im_end_id
+        if conv.token_ids[-1] != im_end:
+            conv.token_ids.append(im_end)
+            turn.token_ids.append(im_end)
+        turn.messages.append({"role": "assistant", "content": text})
+        if not self.config.enable_prefix_cache:
+            self.scheduler.release(conv)
+            self._conversations.pop(conv.id, None)
+        gen = state.token_ids
+        decode_s = state.t_last - state.t_first
+        state.result = ChatResult(
+            text=text,
+            token_ids=list(gen),
+            prompt_token_ids=state.prompt_ids,
+            prompt_images=state.images,
+            finish_reason=state.finish,
+            cached_tokens=state.cached,
+            ttft_s=(state.t_first - state.t0) if gen else 0.0,
+            decode_tok_s=(len(gen) - 1) / decode_s if len(gen) > 1 and decode_s > 0 else 0.0,
+            vision_s=state.vision_s,
+            dropped_turns=state.dropped,
+        )
+
+
+class _TurnState:
+    """Mutable bookkeeping of the turn in progress (shared by the generator and its cleanup)."""
+
+    def __init__(self, t0: float, cached: int, dropped: int):
+        self.t0, self.cached, self.dropped = t0, cached, dropped
+        self.t_first = self.t_last = t0
+        self.prompt_ids: list[int] = []
+        self.images: list[np.ndarray] = []
+        self.token_ids: list[int] = []
+        self.detok: IncrementalDetokenizer | None = None
+        self.finish: str | None = None
+        self.vision_s = 0.0
+        self.tail = ""
+        self.result: ChatResult | None = None

@@ -1,0 +1,166 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The one place that touches the device: KV tensor, slot mapping, block tables, prefill, decode.
+
+Decode is split for CUDA Graphs: ``prepare_decode`` does all host work (writes the token,
+position, slot, block-table and context-length *static* buffers, sets the backend's per-step
+metadata) and ``run_decode`` only runs the model on those buffers (``_decode_forward``), which
+is the function a graph captures and replays.
+"""
+
+import logging
+import math
+
+import numpy as np
+import torch
+
+from orin_llm_node.attention.torch_backend import TorchPagedAttention
+
+from .config import EngineConfig
+
+__all__ = ["ModelRunner", "kv_bytes_per_block", "plan_num_blocks"]
+
+log = logging.getLogger(__name__)
+
+
+def kv_bytes_per_block(text_cfg, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes over all layers (K and V)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return (
+        text_cfg.num_hidden_layers * 2 * block_size * text_cfg.num_key_value_heads
+        * text_cfg.head_dim * itemsize
+    )
+
+
+def plan_num_blocks(cfg: EngineConfig, text_cfg, dtype: torch.dtype,
+                    device: torch.device) -> int:
+    """Pool size: ``num_kv_blocks``, else ``kv_cache_memory_mb``, else device-derived."""
+    per_block = kv_bytes_per_block(text_cfg, cfg.block_size, dtype)
+    if cfg.num_kv_blocks is not None:
+        return cfg.num_kv_blocks
+    if cfg.kv_cache_memory_mb is not None:
+        budget = cfg.kv_cache_memory_mb * 2**20
+    elif device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = free * cfg.gpu_memory_fraction
+    else:
+        tokens = cfg.cpu_kv_tokens or 2 * cfg.max_model_len
+        return math.ceil(tokens / cfg.block_size)
+    blocks = int(budget // per_block)
+    if blocks < 1:
+        raise ValueError(
+            f"KV cache budget of {budget / 2**20:.1f} MiB holds no block of "
+            f"{per_block / 2**20:.2f} MiB (raise kv_cache_memory_mb or lower block_size)"
+        )
+    return blocks
+
+
+class ModelRunner:
+    """Owns the paged KV tensor and runs the model for prefill and decode steps."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, max_model_len: int,
+                 device: torch.device, dtype: torch.dtype):
+        tc = model.config.text
+        self.model = model
+        self.device, self.dtype = device, dtype
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.kv_cache = torch.zeros(
+            (tc.num_hidden_layers, 2, num_blocks, block_size, tc.num_key_value_heads,
+             tc.head_dim),
+            dtype=dtype, device=device,
+        )
+        self.bytes_per_block = kv_bytes_per_block(tc, block_size, dtype)
+        self.attn = TorchPagedAttention(self.kv_cache)
+        self.max_blocks_per_seq = math.ceil(max_model_len / block_size) + 1
+        # Static decode buffers: a captured graph holds their addresses; only contents change.
+        self.decode_input_ids = torch.zeros(1, dtype=torch.long, device=device)
+        self.decode_positions = torch.zeros(1, dtype=torch.long, device=device)
+        self.decode_slot_mapping = torch.zeros(1, dtype=torch.long, device=device)
+        self.decode_block_table = torch.zeros(
+            self.max_blocks_per_seq, dtype=torch.long, device=device
+        )
+        self.decode_context_len = torch.zeros(1, dtype=torch.int32, device=device)
+        self._table_on_device: list[int] = []  # host mirror of decode_block_table's prefix
+
+    # ---- vision ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def encode_image(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]):
+        """Vision tower output (merger + DeepStack rows) of one image, on the device."""
+        pv = pixel_values.to(self.device, self.dtype)
+        grid = torch.tensor([grid_thw], dtype=torch.long, device=self.device)
+        return self.model.encode_images(pv, grid)
+
+    # ---- prefill ---------------------------------------------------------------------------
+
+    def slot_mapping(self, block_table: list[int], start: int, end: int) -> np.ndarray:
+        """Flat KV slots of the token indices ``start..end-1`` of a sequence."""
+        idx = np.arange(start, end, dtype=np.int64)
+        table = np.asarray(block_table, dtype=np.int64)
+        return table[idx // self.block_size] * self.block_size + idx % self.block_size
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: list[int], positions: np.ndarray, block_table: list[int],
+                num_cached: int, visual=None) -> torch.Tensor:
+        """Run the uncached suffix ``token_ids`` (positions ``[3, N]``) of a sequence.
+
+        ``num_cached`` tokens of the sequence are already in the KV cache (through
+        ``block_table``, which covers the whole sequence); ``visual`` holds the vision rows of
+        the image pads inside the suffix. Returns fp32 logits ``[V]`` of the last token only.
+        """
+        n = len(token_ids)
+        dev = self.device
+        slots = self.slot_mapping(block_table, num_cached, num_cached + n)
+        ids = torch.tensor(token_ids, dtype=torch.long, device=dev)
+        pos = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(dev)
+        table = torch.tensor(block_table, dtype=torch.long, device=dev)
+        self.attn.prepare(torch.from_numpy(slots).to(dev), table, num_cached, n)
+        hidden = self.model(ids, pos, self.attn, visual)
+        return self.model.compute_logits(hidden[-1:])[0]
+
+    # ---- decode ----------------------------------------------------------------------------
+
+    def prepare_decode(self, token_id: int, position: int, block_table: list[int],
+                       context_len: int) -> None:
+        """Host side of a decode step: fill the static buffers, set backend metadata.
+
+        The step feeds ``token_id`` (sequence index ``context_len - 1``, 1-D ``position``);
+        ``block_table`` must already hold a block for that index (allocated by the caller).
+        Only block-table entries that changed since the last step are copied.
+        """
+        bs = self.block_size
+        idx = context_len - 1
+        slot = block_table[idx // bs] * bs + idx % bs
+        mirror = self._table_on_device
+        n = len(block_table)
+        if n > self.max_blocks_per_seq:
+            raise ValueError(f"block table of {n} blocks exceeds {self.max_blocks_per_seq}")
+        if n < len(mirror) or block_table[: len(mirror)] != mirror:
+            mirror = []
+        if n > len(mirror):
+            new = torch.tensor(block_table[len(mirror):], dtype=torch.long)
+            self.decode_block_table[len(mirror):n].copy_(new, non_blocking=True)
+            self._table_on_device = list(block_table)
+        self.decode_input_ids.fill_(token_id)
+        self.decode_positions.fill_(position)
+        self.decode_slot_mapping.fill_(slot)
+        self.decode_context_len.fill_(context_len)
+        self.attn.prepare(self.decode_slot_mapping, self.decode_block_table, idx, 1)
+
+    @torch.inference_mode()
+    def run_decode(self) -> torch.Tensor:
+        """Device side of a decode step: fp32 logits ``[V]`` (eager; graph replay goes here)."""
+        return self._decode_forward()
+
+    def _decode_forward(self) -> torch.Tensor:
+        # Reads only the static buffers and the KV tensor: safe to capture in a CUDA graph
+        # once the backend reads its metadata from device memory.
+        hidden = self.model(self.decode_input_ids, self.decode_positions, self.attn)
+        return self.model.compute_logits(hidden)[0]
+
+    def decode(self, token_id: int, position: int, block_table: list[int],
+               context_len: int) -> torch.Tensor:
+        """One decode step: ``prepare_decode`` then ``run_decode``."""
+        self.prepare_decode(token_id, position, block_table, context_len)
+        return self.run_decode()

@@ -1,0 +1,44 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request seeded generator."""
+
+import secrets
+
+import torch
+
+from .config import SamplingParams
+
+
+class Sampler:
+    """Samples one token id from a 1-D logits row; one instance per request."""
+
+    def __init__(self, params: SamplingParams, device: torch.device, banned_ids=()):
+        self.params = params
+        # Multimodal placeholders are never valid output (they would corrupt the history).
+        self.banned = torch.tensor(sorted(banned_ids), dtype=torch.long, device=device)
+        self.generator = None
+        if not params.greedy:
+            self.generator = torch.Generator(device=device)
+            seed = params.seed if params.seed is not None else secrets.randbits(63)
+            self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """Pick the next token from ``logits`` ([vocab], any float dtype)."""
+        p = self.params
+        if self.banned.numel():
+            logits = logits.index_fill(0, self.banned, float("-inf"))
+        if p.greedy:
+            return int(torch.argmax(logits))
+        logits = logits.float() / p.temperature
+        if p.top_k and p.top_k < logits.numel():
+            kth = torch.topk(logits, p.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, descending=True)
+            cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+            # Drop a token when the tokens before it already reach top_p (keeps >= 1 token).
+            drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= p.top_p
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
+        probs = torch.softmax(logits, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
