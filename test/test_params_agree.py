@@ -1,0 +1,152 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""config/orin_llm.yaml, the parameters the node declares and the launch arguments agree.
+
+The launch file is read with ``ast`` (no ``launch`` needed); the node is constructed in-process
+(its worker, which loads the model, is never started), so its real declarations are checked.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+rclpy = pytest.importorskip('rclpy')
+
+from rclpy.parameter import Parameter  # noqa: E402
+
+from orin_llm_node import node as node_mod  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+YAML_PATH = REPO / 'config' / 'orin_llm.yaml'
+LAUNCH_PATH = REPO / 'launch' / 'orin_llm.launch.py'
+SPEC = {p.name: p for p in node_mod.PARAMETERS}
+
+
+def _yaml_params():
+    data = yaml.safe_load(YAML_PATH.read_text())
+    assert list(data) == ['/**'], 'one wildcard section, so it applies under any namespace'
+    return data['/**']['ros__parameters']
+
+
+def _launch_tree():
+    return ast.parse(LAUNCH_PATH.read_text())
+
+
+def _launch_parameter_types():
+    for node in ast.walk(_launch_tree()):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', '') == \
+                'PARAMETER_TYPES':
+            pairs = zip(node.value.keys, node.value.values, strict=True)
+            return {ast.literal_eval(k): v.id for k, v in pairs}
+    raise AssertionError('PARAMETER_TYPES not found in the launch file')
+
+
+def _launch_arguments():
+    """Literal DeclareLaunchArgument(name, default_value=...) calls of the launch file."""
+    args = {}
+    for node in ast.walk(_launch_tree()):
+        if isinstance(node, ast.Call) and getattr(node.func, 'id', '') == \
+                'DeclareLaunchArgument' and isinstance(node.args[0], ast.Constant):
+            kw = {k.arg: k.value for k in node.keywords}
+            default = kw.get('default_value')
+            args[node.args[0].value] = (ast.literal_eval(default)
+                                        if isinstance(default, ast.Constant) else default)
+    return args
+
+
+def test_yaml_lists_every_parameter_with_the_node_default_and_type():
+    params = _yaml_params()
+    assert list(params) == list(SPEC), 'same parameters, same order as node.PARAMETERS'
+    for name, value in params.items():
+        default = SPEC[name].default
+        assert type(value) is type(default), f'{name}: YAML type differs from the node'
+        assert value == default, f'{name}: YAML {value!r} != node default {default!r}'
+        assert node_mod.check_parameter(name, value) is None
+
+
+def test_every_yaml_parameter_has_a_comment():
+    lines = YAML_PATH.read_text().splitlines()
+    for i, line in enumerate(lines):
+        key = line.strip().split(':')[0]
+        if key in SPEC and line.startswith('    '):
+            assert lines[i - 1].strip().startswith('#'), f'{key} has no comment above it'
+
+
+def test_launch_arguments_cover_every_parameter():
+    types = _launch_parameter_types()
+    assert list(types) == list(SPEC)
+    for name, kind in types.items():
+        assert kind == type(SPEC[name].default).__name__, f'{name}: launch type {kind}'
+    args = _launch_arguments()
+    assert args['namespace'] == 'orin_llm'
+    assert args['image_topic'] == 'image'
+    assert 'params_file' in args
+    # Issue 5 names these explicitly; they come from the per-parameter loop.
+    assert {'model_path', 'device'} <= set(types)
+
+
+@pytest.fixture
+def make_node():
+    context = rclpy.context.Context()
+    rclpy.init(context=context)
+    made = []
+
+    def factory(**overrides):
+        params = [Parameter(k, value=v) for k, v in overrides.items()]
+        made.append(node_mod.OrinLLMNode(context=context, parameter_overrides=params))
+        return made[-1]
+
+    yield factory
+    for n in made:
+        n.destroy_node()
+    rclpy.try_shutdown(context=context)
+
+
+def test_declared_parameters_match(make_node):
+    node = make_node()
+    declared = node.get_parameters_by_prefix('')
+    # rclpy's own: use_sim_time, and start_type_description_service from Jazzy on.
+    assert set(declared) - set(SPEC) <= {'use_sim_time', 'start_type_description_service'}
+    assert set(SPEC) <= set(declared)
+    for name, spec in SPEC.items():
+        descriptor = node.describe_parameter(name)
+        assert descriptor.description, name
+        assert descriptor.read_only == (not spec.runtime), name
+        assert declared[name].value == spec.default
+    assert set(node_mod.RUNTIME_PARAMETERS) == {
+        'max_new_tokens', 'temperature', 'top_p', 'top_k', 'seed', 'system_prompt'}
+
+
+@pytest.mark.parametrize('name,value', [
+    ('top_p', 1.5), ('top_p', 0.0), ('temperature', -0.1), ('max_new_tokens', 0),
+    ('device', 'gpu'), ('dtype', 'int8'), ('conversation_mode', 'multi'), ('queue_size', 0),
+    ('kv_cache_memory_mb', -1.0), ('diagnostics_period_s', 0.0), ('pool_warn_fraction', 1.5),
+    ('image_max_age_s', 0.0), ('max_generation_s', -1.0), ('model_path', '/nonexistent/model'),
+    ('kv_block_size', 0), ('seed', -2), ('temperature', 1),
+])
+def test_bad_values_fail_with_one_line_naming_the_parameter(make_node, name, value):
+    with pytest.raises(node_mod.ParameterError) as err:
+        make_node(**{name: value})
+    text = str(err.value)
+    assert f"'{name}'" in text and '\n' not in text
+
+
+def test_cross_parameter_check(make_node):
+    with pytest.raises(node_mod.ParameterError, match='image_min_pixels'):
+        make_node(image_min_pixels=500000, image_max_pixels=1000)
+
+
+def test_runtime_parameters_are_validated_when_set(make_node):
+    node = make_node()
+    ok = node.set_parameters([Parameter('temperature', value=0.7),
+                              Parameter('system_prompt', value='Be terse.')])
+    assert all(r.successful for r in ok)
+    assert node.get_parameter('temperature').value == 0.7
+    bad = node.set_parameters([Parameter('top_p', value=2.0)])[0]
+    assert not bad.successful and 'top_p' in bad.reason
+    assert node.get_parameter('top_p').value == 1.0
+    ro = node.set_parameters([Parameter('queue_size', value=9)])[0]
+    assert not ro.successful
+    assert node.get_parameter('queue_size').value == 4
