@@ -310,3 +310,17 @@ def test_mutation_skip_one_deepstack(tiny_ckpt, monkeypatch):
     monkeypatch.setattr(qwen3_vl_text, 'add_deepstack', skip_second)
     _mutated_model_fails(tiny_ckpt)
     assert len(calls) == 2
+
+
+def test_bf16_matches_reference_exactly(tiny_ckpt):
+    """Same ops in the same order as the reference: bf16 on CPU agrees bit for bit."""
+    model = load_model(tiny_ckpt, dtype=torch.bfloat16)
+    ref = transformers.Qwen3VLForConditionalGeneration.from_pretrained(
+        tiny_ckpt, dtype=torch.bfloat16).eval()
+    p = build_prompt(tiny_ckpt, TWO_IMAGES)
+    with torch.no_grad():
+        want = ref.model.get_image_features(p.pixel_values.bfloat16(), p.grids)
+        got = model.encode_images(p.pixel_values, p.grids)
+    assert torch.equal(got.embeds, torch.cat(want.pooler_output))
+    want_logits = reference_logits(ref, p, model.config.image_token_id).float()
+    assert torch.equal(our_logits(model, p), want_logits)

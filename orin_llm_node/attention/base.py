@@ -44,7 +44,8 @@ def causal_attention(
     n, num_keys = q.shape[0], k.shape[0]
     if num_keys != num_prefix + n:
         raise ValueError(f"expected {num_prefix + n} keys, got {num_keys}")
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, L, D]
+    # [1, H, L, D]: the 4-D layout picks the same CPU/GPU SDPA kernels as the reference.
+    qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))
     gqa = q.shape[1] != k.shape[1]
     if n == 1 or num_prefix == 0:
         # One query sees every key; with no prefix top-left == bottom-right.
@@ -56,4 +57,4 @@ def causal_attention(
         out = F.scaled_dot_product_attention(
             qh, kh, vh, attn_mask=mask, scale=q.shape[-1] ** -0.5, enable_gqa=gqa
         )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)

@@ -99,16 +99,20 @@ def apply_rope_vision(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
 
 class PatchEmbed(nn.Module):
-    """Conv3d with kernel == stride over one patch == a Linear over the flattened patch."""
+    """Conv3d with kernel == stride: one flattened ``(C, T, py, px)`` patch in, one vector out.
+
+    Mathematically a Linear; kept a Conv3d so low-precision rounding matches the reference.
+    """
 
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
-        k = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=k, stride=k)
+        self.kernel = (cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=self.kernel[1:],
+                              stride=self.kernel[1:])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.proj.weight
-        return F.linear(x.to(w.dtype), w.reshape(w.shape[0], -1), self.proj.bias)
+        x = x.to(self.proj.weight.dtype).view(-1, *self.kernel)
+        return self.proj(x).view(x.shape[0], -1)
 
 
 class VisionAttention(nn.Module):
@@ -125,12 +129,12 @@ class VisionAttention(nn.Module):
         p = x.shape[0]
         q, k, v = self.qkv(x).reshape(p, 3, self.num_heads, -1).unbind(1)
         q, k = apply_rope_vision(q, k, cos, sin)
-        q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [H, P, D]
+        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, H, P, D] like the reference
         outs = [
             F.scaled_dot_product_attention(qi, ki, vi)
-            for qi, ki, vi in zip(*(t.split(seqlens, dim=1) for t in (q, k, v)), strict=True)
+            for qi, ki, vi in zip(*(t.split(seqlens, dim=2) for t in (q, k, v)), strict=True)
         ]
-        return self.proj(torch.cat(outs, dim=1).transpose(0, 1).reshape(p, -1))
+        return self.proj(torch.cat(outs, dim=2)[0].transpose(0, 1).reshape(p, -1))
 
 
 class VisionMLP(nn.Module):
