@@ -1,0 +1,152 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Where the CUDA kernel sources live and exactly how each variant is compiled.
+
+This is the one truth shared by the runtime (``attention/cuda_backend.py`` hands
+``KernelVariant.source`` / ``.options`` to ``cupy.RawModule``) and by the CPU NVRTC test
+(``test/test_nvrtc_compile.py`` compiles the same strings to PTX). Importing it needs neither
+CUDA nor CuPy.
+
+Variants are selected with ``-D`` defines (no C++ templates, so no name expressions):
+``KV_DTYPE_ID`` and ``HEAD_DIM`` per variant, plus the tuning constants below. The sources are
+header-free (no ``cuda_fp16.h``), so no include path is needed; ``common.cuh`` is inlined into
+each source so that CuPy's on-disk kernel cache, which hashes the source text and options,
+sees every edit of the shared header.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+import re
+import sys
+
+__all__ = [
+    "DTYPE_IDS",
+    "HEAD_DIMS",
+    "KERNEL_FILES",
+    "MAX_GROUP",
+    "NUM_THREADS",
+    "PARTITION_SIZE",
+    "KernelVariant",
+    "kernel_source",
+    "kernels_dir",
+    "runtime_variants",
+    "variant",
+]
+
+PACKAGE = "orin_llm_node"
+
+#: Element types of activations / KV cache (torch dtype names) -> ``KV_DTYPE_ID``.
+DTYPE_IDS = {"float16": 0, "bfloat16": 1, "float32": 2}
+#: Head dimensions the runtime compiles (128: every Qwen3-VL size; 32: the tiny test models).
+HEAD_DIMS = (32, 64, 128)
+#: Tokens per split-K partition of the decode kernel (shared memory is sized by it).
+PARTITION_SIZE = 256
+#: Query heads of one KV head served by one decode CTA (larger GQA groups use more CTAs).
+MAX_GROUP = 8
+#: Threads per CTA of kv_write and paged_decode_split.
+NUM_THREADS = 128
+
+#: Kernel file -> the extern "C" functions the runtime fetches from it. Prefill attention is
+#: gather + torch SDPA (see attention/cuda_backend.py), so there is no paged_prefill.cu.
+KERNEL_FILES = {
+    "kv_write.cu": ("kv_write",),
+    "paged_decode.cu": ("paged_decode_split", "paged_decode_reduce"),
+}
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+
+
+def kernels_dir() -> Path:
+    """The ``cuda_kernels`` directory: the repository checkout's, else the installed copy.
+
+    Installed (``pip install .`` or ``colcon build``) the sources sit in
+    ``<prefix>/share/orin_llm_node/cuda_kernels``; the prefix comes from ament_index (when
+    sourced), from this file's site-packages location, or from ``sys.prefix``.
+    """
+    here = Path(__file__).resolve().parent
+    candidates = [here.parent / "cuda_kernels"]
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        candidates.append(Path(get_package_share_directory(PACKAGE)) / "cuda_kernels")
+    except Exception:  # not importable, or the package is not on AMENT_PREFIX_PATH
+        pass
+    # <prefix>/lib/pythonX.Y/site-packages/orin_llm_node/kernel_sources.py
+    if len(here.parents) >= 4:
+        candidates.append(here.parents[3] / "share" / PACKAGE / "cuda_kernels")
+    candidates.append(Path(sys.prefix) / "share" / PACKAGE / "cuda_kernels")
+    for cand in candidates:
+        if (cand / "common.cuh").is_file():
+            return cand
+    tried = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(f"cuda_kernels sources not found (tried {tried})")
+
+
+def _read_inlined(path: Path) -> str:
+    def inline(match):
+        inc = path.parent / match.group(1)
+        if not inc.is_file():
+            raise FileNotFoundError(f'{path.name}: #include "{match.group(1)}" not found')
+        return _read_inlined(inc)
+
+    return _INCLUDE.sub(inline, path.read_text())
+
+
+def kernel_source(name: str, directory: Path | None = None) -> str:
+    """The source text of ``cuda_kernels/<name>`` with its local ``#include "..."`` inlined."""
+    path = (directory or kernels_dir()) / name
+    if not path.is_file():
+        raise FileNotFoundError(f"no kernel source {path}")
+    return _read_inlined(path.resolve())
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """One compiled unit: a kernel file for one (dtype, head_dim)."""
+
+    file: str
+    dtype: str
+    head_dim: int
+    source: str
+    options: tuple[str, ...]
+    functions: tuple[str, ...]
+
+
+def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None) -> KernelVariant:
+    """Source and NVRTC options of ``file`` for ``dtype`` (a torch dtype name) and ``head_dim``.
+
+    The options carry no ``-arch`` (CuPy adds the device's, the NVRTC test adds each target's)
+    and no include path (the sources need none).
+    """
+    if file not in KERNEL_FILES:
+        raise ValueError(f"unknown kernel file {file!r}; expected one of {sorted(KERNEL_FILES)}")
+    if dtype not in DTYPE_IDS:
+        raise ValueError(f"CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"CUDA kernels support head_dim in {HEAD_DIMS}, got {head_dim}")
+    options = (
+        "-std=c++17",
+        f"-DKV_DTYPE_ID={DTYPE_IDS[dtype]}",
+        f"-DHEAD_DIM={head_dim}",
+        f"-DPARTITION_SIZE={PARTITION_SIZE}",
+        f"-DMAX_GROUP={MAX_GROUP}",
+        f"-DNUM_THREADS={NUM_THREADS}",
+    )
+    return KernelVariant(
+        file=file,
+        dtype=dtype,
+        head_dim=head_dim,
+        source=kernel_source(file, directory),
+        options=options,
+        functions=KERNEL_FILES[file],
+    )
+
+
+def runtime_variants(directory: Path | None = None) -> list[KernelVariant]:
+    """Every variant the runtime may compile (what the NVRTC test must compile)."""
+    return [
+        variant(file, dtype, head_dim, directory)
+        for file in KERNEL_FILES
+        for dtype in DTYPE_IDS
+        for head_dim in HEAD_DIMS
+    ]

@@ -1,0 +1,284 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Run the ``cuda_kernels`` on the CPU: a tiny CUDA execution-model emulator for tests.
+
+The kernel sources are compiled as host C++ (g++) against a harness that provides what they
+use: ``threadIdx``/``blockIdx``/``gridDim``, ``__shared__`` (one CTA runs at a time; its
+threads are fibers on one OS thread sharing the kernel's static arrays), ``__syncthreads`` (a
+block barrier) and ``__shfl_xor_sync`` (a per-warp exchange between barriers). A divergent
+barrier or shuffle -- undefined behaviour on a GPU -- fails the launch instead of hanging.
+
+``emulated_launch(dtype, head_dim)`` returns a ``launch(name, grid, block, args)`` callable
+with the calling convention of ``CudaPagedAttention``'s CuPy launcher: pointer arguments are
+Python ints (``tensor.data_ptr()`` of CPU tensors), scalars numpy scalars. Every argument is
+checked against the C signature parsed from the source (a ``np.int64`` passed for an ``int``
+fails here, while on a GPU it would silently read the low half).
+
+This checks the kernels' indexing, softmax, split-K and reduction logic and the backend's
+launch code without a GPU. It does not check GPU-only properties (memory model, alignment
+faults, performance); the ``gpu`` tests do.
+"""
+
+import ctypes
+import hashlib
+from pathlib import Path
+import re
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+
+from orin_llm_node import kernel_sources as ks
+
+HARNESS = r"""
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <ucontext.h>
+
+struct uint4 { unsigned int x, y, z, w; };
+struct float4 { float x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+struct dim3 { unsigned int x = 1, y = 1, z = 1; };
+static dim3 threadIdx, blockIdx, gridDim, blockDim;
+
+// The threads of one CTA are fibers on this OS thread: each runs until it reaches a barrier,
+// then yields to the scheduler, which resumes it once every thread the barrier waits for
+// (the CTA, or the warp for a shuffle) has arrived.
+struct Barrier { int n = 0, count = 0; long gen = 0; };
+struct Fiber {
+  ucontext_t ctx;
+  std::vector<char> stack;
+  bool done = false;
+  Barrier* waiting = nullptr;
+  long wait_gen = 0;
+};
+static ucontext_t g_sched;
+static std::vector<Fiber> g_fibers;
+static Fiber* g_cur = nullptr;
+static void (*g_body)(void*) = nullptr;
+static void* g_body_arg = nullptr;
+static Barrier g_block;
+static Barrier g_warps[32];
+static float g_shfl[1024];
+
+static void arrive(Barrier& b) {
+  if (++b.count == b.n) {
+    b.count = 0;
+    ++b.gen;
+    return;
+  }
+  g_cur->waiting = &b;
+  g_cur->wait_gen = b.gen;
+  swapcontext(&g_cur->ctx, &g_sched);
+}
+static inline void __syncthreads() { arrive(g_block); }
+static inline float __shfl_xor_sync(unsigned int, float v, int offset) {
+  const int t = threadIdx.x;
+  g_shfl[t] = v;
+  arrive(g_warps[t / 32]);
+  const float r = g_shfl[(t & ~31) | ((t & 31) ^ offset)];
+  arrive(g_warps[t / 32]);
+  return r;
+}
+static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+using std::max;
+using std::min;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+#include "kv_write.cu"
+#include "paged_decode.cu"
+
+static void trampoline() {
+  g_body(g_body_arg);
+  g_cur->done = true;  // returning switches to uc_link, the scheduler
+}
+
+static int run_cta(int bx) {
+  for (int t = 0; t < bx; ++t) {
+    Fiber& f = g_fibers[t];
+    f.done = false;
+    f.waiting = nullptr;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.data();
+    f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_link = &g_sched;
+    makecontext(&f.ctx, trampoline, 0);
+  }
+  for (int finished = 0; finished < bx;) {
+    bool progress = false;
+    finished = 0;
+    for (int t = 0; t < bx; ++t) {
+      Fiber& f = g_fibers[t];
+      if (f.done) { ++finished; continue; }
+      if (f.waiting && f.waiting->gen == f.wait_gen) continue;
+      f.waiting = nullptr;
+      g_cur = &f;
+      threadIdx = dim3{(unsigned)t, 0, 0};
+      swapcontext(&g_sched, &f.ctx);
+      progress = true;
+    }
+    if (!progress && finished < bx) {
+      std::fprintf(stderr, "kernel emulator: deadlock (divergent __syncthreads/__shfl)\n");
+      return -3;
+    }
+  }
+  return 0;
+}
+
+template <class F>
+static int launch(int gx, int gy, int gz, int bx, F& body) {
+  gridDim = dim3{(unsigned)gx, (unsigned)gy, (unsigned)gz};
+  blockDim = dim3{(unsigned)bx, 1, 1};
+  if ((int)g_fibers.size() < bx) g_fibers.resize(bx);
+  for (auto& f : g_fibers) f.stack.resize(256 * 1024);
+  g_block = Barrier{bx};
+  for (int w = 0; w < bx / 32; ++w) g_warps[w] = Barrier{32};
+  g_body = [](void* p) { (*static_cast<F*>(p))(); };
+  g_body_arg = &body;
+  for (int z = 0; z < gz; ++z)
+    for (int y = 0; y < gy; ++y)
+      for (int x = 0; x < gx; ++x) {
+        blockIdx = dim3{(unsigned)x, (unsigned)y, (unsigned)z};
+        const int rc = run_cta(bx);
+        if (rc) return rc;
+      }
+  return 0;
+}
+
+#define ARG(i, T) (*reinterpret_cast<T*>(args[i]))
+
+extern "C" int emu_launch(const char* name, int gx, int gy, int gz, int bx, void** args) {
+  const std::string n(name);
+  if (bx <= 0 || bx % 32 || bx > 1024 || gx <= 0 || gy <= 0 || gz <= 0) return -2;
+  if (n == "kv_write") {
+    auto body = [&] {
+      kv_write(ARG(0, scalar_t*), ARG(1, scalar_t*), ARG(2, const scalar_t*),
+               ARG(3, const scalar_t*), ARG(4, const long long*), ARG(5, int),
+               ARG(6, long long), ARG(7, long long));
+    };
+    return launch(gx, gy, gz, bx, body);
+  } else if (n == "paged_decode_split") {
+    auto body = [&] {
+      paged_decode_split(ARG(0, float*), ARG(1, float*), ARG(2, const scalar_t*),
+                         ARG(3, const scalar_t*), ARG(4, const scalar_t*),
+                         ARG(5, const long long*), ARG(6, const int*), ARG(7, int), ARG(8, int),
+                         ARG(9, int), ARG(10, int), ARG(11, long long), ARG(12, float));
+    };
+    return launch(gx, gy, gz, bx, body);
+  } else if (n == "paged_decode_reduce") {
+    auto body = [&] {
+      paged_decode_reduce(ARG(0, scalar_t*), ARG(1, const float*), ARG(2, const float*),
+                          ARG(3, const int*), ARG(4, int), ARG(5, int), ARG(6, long long));
+    };
+    return launch(gx, gy, gz, bx, body);
+  }
+  return -1;
+}
+"""
+
+_SIGNATURE = re.compile(
+    r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)'
+)
+
+
+def kernel_signatures() -> dict[str, list[str]]:
+    """``{kernel: [param kind]}`` parsed from the sources; kinds: ptr, int32, int64, float32."""
+    sigs = {}
+    for file in ks.KERNEL_FILES:
+        for name, params in _SIGNATURE.findall(ks.kernel_source(file)):
+            kinds = []
+            for p in params.split(","):
+                ctype = " ".join(p.split()[:-1])
+                if "*" in p:
+                    kinds.append("ptr")
+                elif ctype == "long long":
+                    kinds.append("int64")
+                elif ctype == "int":
+                    kinds.append("int32")
+                elif ctype == "float":
+                    kinds.append("float32")
+                else:
+                    raise ValueError(f"{name}: unsupported parameter {p.strip()!r}")
+            sigs[name] = kinds
+    return sigs
+
+
+_CTYPES = {"ptr": ctypes.c_void_p, "int32": ctypes.c_int32, "int64": ctypes.c_int64,
+           "float32": ctypes.c_float}
+_NUMPY = {"int32": np.int32, "int64": np.int64, "float32": np.float32}
+_LIBS = {}
+
+
+def compiler_available() -> bool:
+    """Whether g++ (C++20) is on PATH."""
+    return shutil.which("g++") is not None
+
+
+def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
+    var = ks.variant("kv_write.cu", dtype, head_dim)
+    src_dir = ks.kernels_dir()
+    sources = "".join(p.read_text() for p in sorted(src_dir.glob("*.cu*")))
+    key = hashlib.sha256("\0".join((HARNESS, sources, *var.options)).encode()).hexdigest()[:16]
+    cache = Path(tempfile.gettempdir()) / f"orin_llm_kernel_emulator_{key}"
+    lib = cache / "emu.so"
+    if not lib.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        cpp = cache / "harness.cpp"
+        cpp.write_text(HARNESS)
+        tmp = cache / f"emu.{id(cpp)}.so"
+        defines = [o for o in var.options if o.startswith("-D")]
+        cmd = ["g++", "-std=c++20", "-O2", "-shared", "-fPIC", "-w",
+               f"-I{src_dir}", *defines, str(cpp), "-o", str(tmp)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode:
+            raise RuntimeError(f"emulator build failed:\n{' '.join(cmd)}\n{res.stderr}")
+        tmp.replace(lib)
+    so = ctypes.CDLL(str(lib))
+    so.emu_launch.restype = ctypes.c_int
+    so.emu_launch.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+    return so
+
+
+def emulated_launch(dtype: str, head_dim: int):
+    """A ``launch(name, grid, block, args)`` running the kernels of this variant on the CPU."""
+    if (dtype, head_dim) not in _LIBS:
+        _LIBS[dtype, head_dim] = _build(dtype, head_dim)
+    so = _LIBS[dtype, head_dim]
+    sigs = kernel_signatures()
+
+    def launch(name, grid, block, args):
+        kinds = sigs[name]
+        if len(args) != len(kinds):
+            raise TypeError(f"{name}: {len(args)} arguments for {len(kinds)} parameters")
+        values = []
+        for i, (arg, kind) in enumerate(zip(args, kinds, strict=True)):
+            if kind == "ptr":
+                ok = isinstance(arg, int) and not isinstance(arg, bool | np.generic)
+            else:
+                ok = type(arg) is _NUMPY[kind]
+            if not ok:
+                raise TypeError(f"{name}: argument {i} is {type(arg).__name__}, C wants {kind}")
+            values.append(_CTYPES[kind](arg))
+        argv = (ctypes.c_void_p * len(values))(
+            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
+        )
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        rc = so.emu_launch(name.encode(), *grid, block[0], argv)
+        if rc:
+            raise RuntimeError(f"emu_launch({name}, grid={grid}, block={block}) -> {rc}")
+
+    return launch
