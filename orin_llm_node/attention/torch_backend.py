@@ -62,6 +62,21 @@ class TorchPagedAttention:
         flat = layer.view(2, -1, hkv, d)
         flat[0].index_copy_(0, self._slots, k.to(layer.dtype))
         flat[1].index_copy_(0, self._slots, v.to(layer.dtype))
-        keys = layer[0, self._blocks].reshape(-1, hkv, d)[: self._context]
-        values = layer[1, self._blocks].reshape(-1, hkv, d)[: self._context]
+        # index_select, not layer[0, blocks]: mixed basic/advanced indexing is ~1000x slower.
+        keys = layer[0].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
+        values = layer[1].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
+        if q.shape[0] == 1:
+            return _single_query_attention(q, keys, values)
         return causal_attention(q, keys, values, self._num_prefix)
+
+
+def _single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # Decode: one query sees every key, so no mask. The query heads sharing a KV head are
+    # folded into the query-length dim (no K/V copy for GQA), and two plain matmuls in fp32
+    # avoid SDPA's CPU kernel, whose thread fan-out costs milliseconds on tiny decode shapes.
+    hq, d = q.shape[1:]
+    hkv = k.shape[1]
+    qg = q[0].reshape(hkv, hq // hkv, d).float()
+    scores = torch.matmul(qg, k.transpose(0, 1).float().transpose(1, 2)) * d**-0.5
+    out = torch.matmul(torch.softmax(scores, dim=-1), v.transpose(0, 1).float())
+    return out.reshape(1, hq, d).to(q.dtype)

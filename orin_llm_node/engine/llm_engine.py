@@ -90,7 +90,8 @@ class LLMEngine:
         )
         num_blocks = plan_num_blocks(config, mcfg.text, self.dtype, self.device)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
-                                  config.max_model_len, self.device, self.dtype)
+                                  config.max_model_len, self.device, self.dtype,
+                                  enable_cuda_graph=config.enable_cuda_graph)
         self.pool = BlockPool(num_blocks, config.block_size, self.runner.bytes_per_block,
                               config.block_order_seed)
         self.scheduler = Scheduler(self.pool, config.max_model_len, config.enable_prefix_cache)
@@ -114,6 +115,11 @@ class LLMEngine:
     def block_size(self) -> int:
         """Tokens per KV block."""
         return self.pool.block_size
+
+    @property
+    def cuda_graph(self) -> bool:
+        """Whether decode steps replay a captured CUDA graph."""
+        return self.runner.cuda_graph_active
 
     @property
     def bytes_per_block(self) -> int:

@@ -55,11 +55,27 @@ def plan_num_blocks(cfg: EngineConfig, text_cfg, dtype: torch.dtype,
     return blocks
 
 
+def make_attention_backend(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int):
+    """The paged attention backend for the KV tensor's device.
+
+    CUDA kernels when CuPy is usable on a CUDA device, else the torch implementation.
+    """
+    if kv_cache.device.type == "cuda":
+        from orin_llm_node.attention.cuda_backend import CudaPagedAttention, cupy_available
+
+        if cupy_available():
+            backend = CudaPagedAttention(kv_cache, num_q_heads, max_model_len)
+            backend.warmup()
+            return backend
+        log.warning("CuPy is not importable: paged attention falls back to torch on CUDA")
+    return TorchPagedAttention(kv_cache)
+
+
 class ModelRunner:
     """Owns the paged KV tensor and runs the model for prefill and decode steps."""
 
     def __init__(self, model, num_blocks: int, block_size: int, max_model_len: int,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, enable_cuda_graph: bool = False):
         tc = model.config.text
         self.model = model
         self.device, self.dtype = device, dtype
@@ -71,7 +87,11 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.bytes_per_block = kv_bytes_per_block(tc, block_size, dtype)
-        self.attn = TorchPagedAttention(self.kv_cache)
+        self.attn = make_attention_backend(self.kv_cache, tc.num_attention_heads, max_model_len)
+        # CUDA Graph capture/replay of _decode_forward plugs in here (run_decode replays when
+        # a graph for the current buffers exists); until then decode is eager everywhere.
+        self.enable_cuda_graph = enable_cuda_graph and device.type == "cuda"
+        self.cuda_graph_active = False
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size) + 1
         # Static decode buffers: a captured graph holds their addresses; only contents change.
         self.decode_input_ids = torch.zeros(1, dtype=torch.long, device=device)

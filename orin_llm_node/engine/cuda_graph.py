@@ -1,0 +1,82 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""CUDA Graph capture and replay of the model runner's decode step.
+
+The runner splits a decode step in two (``ModelRunner.prepare_decode`` / ``_decode_forward``).
+All host work -- block allocation, the block-table row, token id, 1-D position, slot and
+context length -- is written into static device buffers by ``prepare_decode`` *before* every
+replay; the graph holds only device work: embedding, every layer (RoPE cos/sin computed from
+the position buffer, K/V write by slot, paged decode attention reading the context length and
+block table from device memory), the final norm and the logits. Sampling stays outside.
+
+A graph bakes in pointers, so it is re-captured only when one of them changes (KV tensor,
+static buffers, attention backend or its workspace): a conversation reset changes buffer
+contents, never pointers. Capture happens on the first decode step, on the thread that runs
+decode (the engine's worker thread), with ``capture_error_mode="thread_local"`` so that CUDA
+calls from other threads cannot invalidate it, right after one eager run of the same step:
+the step is idempotent (it rewrites the same K/V slot with the same values), and the eager
+run initialises this thread's cuBLAS/CuPy state outside the capture.
+"""
+
+import logging
+
+import torch
+
+__all__ = ["CudaGraphDecode"]
+
+log = logging.getLogger(__name__)
+
+
+class CudaGraphDecode:
+    """Captures ``runner._decode_forward()`` once and replays it for every decode step.
+
+    ``runner`` must use an attention backend that reads its decode metadata from device
+    memory (``CudaPagedAttention``) and expose the static buffers ``decode_input_ids``,
+    ``decode_positions``, ``decode_slot_mapping``, ``decode_block_table`` and the KV tensor.
+    """
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.graph = None
+        self.logits = None
+        self.captures = 0  # how many times a graph was captured (tests check re-capture)
+        self._key = None
+        self._pool = None
+
+    def _pointers(self) -> tuple:
+        r = self.runner
+        buffers = (r.kv_cache, r.decode_input_ids, r.decode_positions, r.decode_slot_mapping,
+                   r.decode_block_table)
+        return (id(r.attn), *(t.data_ptr() for t in buffers), *r.attn.graph_key())
+
+    def run(self) -> torch.Tensor:
+        """Replay the decode step (capturing first if needed); fp32 logits ``[V]``.
+
+        Call after ``runner.prepare_decode``. Returns a copy: the graph's output buffer is
+        overwritten by the next replay.
+        """
+        key = self._pointers()
+        if self.graph is None or key != self._key:
+            self._capture(key)  # ends with a replay of this step
+        else:
+            self.graph.replay()
+        return self.logits.clone()
+
+    def _capture(self, key: tuple) -> None:
+        if self.graph is not None:
+            log.info("decode graph: a captured pointer changed, capturing again")
+        self.graph = self.logits = None
+        eager = self.runner._decode_forward()  # warm-up on this thread, outside the capture
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            logits = self.runner._decode_forward()
+        graph.replay()
+        if not torch.equal(logits, eager):
+            log.warning(
+                "decode graph: replay differs from the eager step by %.3g (max |diff|)",
+                (logits - eager).abs().max().item(),
+            )
+        self.graph, self.logits, self._key = graph, logits, key
+        self.captures += 1
