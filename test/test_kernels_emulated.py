@@ -10,6 +10,7 @@ split-K decomposition, the backend's launch code and the model runner's decode m
 block boundaries without a GPU. The GPU itself is covered by test_cuda_kernels.py.
 """
 
+import contextlib
 import random
 
 import kernel_emulator
@@ -191,3 +192,78 @@ def test_model_runner_decode_across_blocks(tiny_ckpt):
         assert err < 1e-4, f"step {step}: logits differ by {err}"
         assert int(logits[1].argmax()) == int(logits[0].argmax())
         token = int(logits[0].argmax())
+
+
+def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt, monkeypatch):
+    """CudaGraphDecode on the CPU with a stand-in for torch.cuda.graph.
+
+    The stand-in replays by recomputing into the tensor the capture returned, so this checks
+    the bookkeeping, not CUDA: the pointers a graph bakes in stay the same over a whole
+    generation and a new sequence (one capture), a changed pointer forces a new capture, and
+    the replayed logits track the torch backend across block boundaries.
+    """
+    from orin_llm_node.engine.cuda_graph import CudaGraphDecode
+    from orin_llm_node.engine.model_runner import ModelRunner
+    from orin_llm_node.models.loader import load_model
+
+    model = load_model(tiny_ckpt, dtype=torch.float32).eval()
+    tc = model.config.text
+    launch = kernel_emulator.emulated_launch("float32", tc.head_dim)
+    cpu = torch.device("cpu")
+    ref = ModelRunner(model, 32, 16, 256, cpu, torch.float32)
+    runner = ModelRunner(model, 32, 16, 256, cpu, torch.float32)
+
+    def kernels_backend():
+        attn = CudaPagedAttention(runner.kv_cache, tc.num_attention_heads, 256, launch=launch)
+        attn.warmup()
+        return attn
+
+    runner.attn = kernels_backend()
+    runner.decode_graph = CudaGraphDecode(runner)
+    forward = runner._decode_forward
+
+    class FakeGraph:
+        out = None
+
+        def replay(self):
+            self.out.copy_(forward())
+
+    @contextlib.contextmanager
+    def fake_capture(graph, pool=None, capture_error_mode=None):
+        assert capture_error_mode == "thread_local"
+
+        def recording():
+            graph.out = forward()
+            return graph.out
+
+        runner._decode_forward = recording
+        try:
+            yield
+        finally:
+            del runner._decode_forward
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+    rng = random.Random(1)
+
+    def generate(table, prompt_len, steps):
+        prompt = [rng.randrange(tc.vocab_size) for _ in range(prompt_len)]
+        pos = np.tile(np.arange(prompt_len), (3, 1))
+        token = int(ref.prefill(prompt, pos, table, 0).argmax())
+        runner.prefill(prompt, pos, table, 0)
+        for step in range(steps):
+            context = prompt_len + step + 1
+            want = ref.decode(token, context - 1, table, context)
+            got = runner.decode(token, context - 1, table, context)
+            assert (want - got).abs().max().item() < 1e-4, step
+            token = int(want.argmax())
+
+    generate(rng.sample(range(32), 4), 13, 20)  # crosses blocks at 16, 32
+    assert runner.decode_graph.captures == 1
+    generate(rng.sample(range(32), 3), 5, 12)  # a new sequence: contents change only
+    assert runner.decode_graph.captures == 1
+    runner.attn = kernels_backend()  # new workspace pointers: the graph must be re-captured
+    generate(rng.sample(range(32), 2), 7, 3)
+    assert runner.decode_graph.captures == 2

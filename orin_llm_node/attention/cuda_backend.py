@@ -204,6 +204,18 @@ class CudaPagedAttention:
             torch.cuda.synchronize(self.device)
         self._reset_metadata()
 
+    def graph_key(self) -> tuple:
+        """Everything a captured decode step bakes in: buffer pointers and launch scalars.
+
+        A graph stays valid while this tuple is unchanged; the runner re-captures otherwise.
+        """
+        tensors = (self.kv_cache, self._part_acc, self._part_ml, self._slots,
+                   self._block_tables, self._context_lens)
+        if any(t is None for t in tensors):
+            raise RuntimeError("graph_key() needs decode metadata: call prepare() first")
+        return (*(t.data_ptr() for t in tensors), self._block_tables.stride(0),
+                self._context_lens.shape[0], self._decode)
+
     @property
     def device_index(self) -> int:
         """CUDA device ordinal of the KV tensor."""
@@ -287,15 +299,17 @@ class CudaPagedAttention:
             return self._paged_decode(q, k_ptr, v_ptr)
         layer = self.kv_cache[layer_idx]
         hkv, d = self.num_kv_heads, self.head_dim
-        keys = layer[0, self._blocks].reshape(-1, hkv, d)[: self._context]
-        values = layer[1, self._blocks].reshape(-1, hkv, d)[: self._context]
+        # index_select: mixed basic/advanced indexing (layer[0, blocks]) is far slower.
+        keys = layer[0].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
+        values = layer[1].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
         return causal_attention(q, keys, values, self._num_prefix)
 
     def _stream(self):
         ptr = torch.cuda.current_stream(self.device).cuda_stream
         stream = self._streams.get(ptr)
         if stream is None:
-            stream = self._streams[ptr] = _import_cupy().cuda.ExternalStream(ptr)
+            cupy = _import_cupy()
+            stream = self._streams[ptr] = cupy.cuda.ExternalStream(ptr, self.device_index)
         return stream
 
     def _rows(self, x: torch.Tensor, heads: int) -> torch.Tensor:

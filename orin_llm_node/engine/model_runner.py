@@ -88,10 +88,21 @@ class ModelRunner:
         )
         self.bytes_per_block = kv_bytes_per_block(tc, block_size, dtype)
         self.attn = make_attention_backend(self.kv_cache, tc.num_attention_heads, max_model_len)
-        # CUDA Graph capture/replay of _decode_forward plugs in here (run_decode replays when
-        # a graph for the current buffers exists); until then decode is eager everywhere.
         self.enable_cuda_graph = enable_cuda_graph and device.type == "cuda"
-        self.cuda_graph_active = False
+        # CUDA Graph decode (engine/cuda_graph.py): needs the CUDA backend, which reads its
+        # decode metadata from device memory; captured on the first decode step, replayed
+        # by run_decode after prepare_decode has written the static buffers below.
+        self.decode_graph = None
+        if self.enable_cuda_graph:
+            from orin_llm_node.attention.cuda_backend import CudaPagedAttention
+
+            from .cuda_graph import CudaGraphDecode
+
+            if isinstance(self.attn, CudaPagedAttention):
+                self.decode_graph = CudaGraphDecode(self)
+            else:
+                log.warning("CUDA graphs need the CUDA attention backend: decoding eagerly")
+        self.cuda_graph_active = self.decode_graph is not None
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size) + 1
         # Static decode buffers: a captured graph holds their addresses; only contents change.
         self.decode_input_ids = torch.zeros(1, dtype=torch.long, device=device)
@@ -170,7 +181,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run_decode(self) -> torch.Tensor:
-        """Device side of a decode step: fp32 logits ``[V]`` (eager; graph replay goes here)."""
+        """Device side of a decode step: fp32 logits ``[V]`` (a graph replay when enabled)."""
+        if self.decode_graph is not None:
+            return self.decode_graph.run()
         return self._decode_forward()
 
     def _decode_forward(self) -> torch.Tensor:
