@@ -78,8 +78,15 @@ def load_kernels(dtype: str, head_dim: int, device_index: int) -> dict:
             var = ks.variant(file, dtype, head_dim)
             module = cupy.RawModule(code=var.source, options=var.options)
             for name in var.functions:
-                # .kernel compiles, loads the module on the current device, returns Function.
-                functions[name] = module.get_function(name).kernel
+                try:
+                    # .kernel compiles, loads the module on the current device -> Function.
+                    functions[name] = module.get_function(name).kernel
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"CuPy could not build {file} ({dtype}, head_dim {head_dim}) for "
+                        f"CUDA device {device_index}: {exc} (CuPy needs the CUDA toolkit's "
+                        "NVRTC matching its cupy-cudaXXx wheel)"
+                    ) from exc
     return functions
 
 
