@@ -363,8 +363,11 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "gpu_decode_" + name.replace(" ", "_").replace("/", "_")
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
-    plot(result, args.out / f"{stem}.png")
     print(json.dumps(result, indent=2))
+    try:
+        plot(result, args.out / f"{stem}.png")
+    except ImportError as exc:  # the JSON is written; a bare GPU box may lack matplotlib
+        print(f"gpu_decode: no PNG ({exc})", file=sys.stderr)
 
 
 if __name__ == "__main__":
