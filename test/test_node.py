@@ -1,0 +1,425 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The orin_llm node over real loopback DDS: a separate node process, no mocks.
+
+One node process serves the whole module (start-up is the expensive part); the tests run in
+file order and each brings the conversation to a known state with the ``reset`` service.  The
+same engine runs in this process on the same checkpoint as the reference for every answer.
+Budget: ~1-2 min on 2 busy cores.
+"""
+
+import array
+import os
+from pathlib import Path
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip('rclpy')
+
+from builtin_interfaces.msg import Time  # noqa: E402
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue  # noqa: E402
+from rcl_interfaces.srv import SetParameters  # noqa: E402
+from rclpy.executors import SingleThreadedExecutor  # noqa: E402
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
+from rosgraph_msgs.msg import Clock  # noqa: E402
+from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
+from std_msgs.msg import Bool, String  # noqa: E402
+from std_srvs.srv import Trigger  # noqa: E402
+
+from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.ros
+
+REPO = Path(__file__).resolve().parents[1]
+NS = '/llm_test'
+FQN = f'{NS}/orin_llm'
+SYSTEM = 'You are a test robot.'
+POOL_BLOCKS = 16                    # x 16 tokens: small enough to exhaust in a few seconds
+MAX_NEW = 6
+START_TIMEOUT = 120.0
+ANSWER_TIMEOUT = 60.0
+
+RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=50,
+                      reliability=ReliabilityPolicy.RELIABLE)
+LATCHED = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                     reliability=ReliabilityPolicy.RELIABLE,
+                     durability=DurabilityPolicy.TRANSIENT_LOCAL)
+STREAM = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000,
+                    reliability=ReliabilityPolicy.RELIABLE)
+
+
+def red_disc(h=64, w=64):
+    yy, xx = np.mgrid[:h, :w]
+    rgb = np.full((h, w, 3), 128, np.uint8)
+    rgb[np.hypot(yy - h / 2, xx - w / 2) <= min(h, w) / 3] = (255, 0, 0)
+    return rgb
+
+
+def ros_env():
+    env = dict(os.environ)
+    env.update(ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1',
+               ROS_DOMAIN_ID=os.environ['ROS_DOMAIN_ID'],
+               AMENT_PREFIX_PATH=os.environ.get('AMENT_PREFIX_PATH', sys.prefix),
+               PYTHONUNBUFFERED='1')
+    return env
+
+
+def node_command():
+    exe = Path(sys.executable).with_name('orin_llm_node')   # the console script, if installed
+    return [str(exe)] if exe.is_file() else [sys.executable, '-m', 'orin_llm_node.node']
+
+
+class Probe:
+    """The test's side of the wire: publishers, subscriptions, services of the node."""
+
+    def __init__(self):
+        self.context = rclpy.context.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node('orin_llm_probe', context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        n = self.node
+        self.ready = None
+        self.responses, self.deltas, self.errors = [], [], []
+        self.diag = {}                  # status name -> (level, message, {key: value})
+        self.diag_log = []
+        self.pub_prompt = n.create_publisher(String, f'{NS}/prompt', RELIABLE)
+        self.pub_image = n.create_publisher(Image, f'{NS}/image', RELIABLE)
+        self.pub_compressed = n.create_publisher(CompressedImage, f'{NS}/image/compressed',
+                                                 RELIABLE)
+        self.pub_clock = n.create_publisher(Clock, '/clock', RELIABLE)
+        n.create_subscription(Bool, f'{NS}/ready', self._on_ready, LATCHED)
+        n.create_subscription(String, f'{NS}/response', lambda m: self.responses.append(m.data),
+                              RELIABLE)
+        n.create_subscription(String, f'{NS}/response/stream',
+                              lambda m: self.deltas.append(m.data), STREAM)
+        n.create_subscription(String, f'{NS}/error', lambda m: self.errors.append(m.data),
+                              RELIABLE)
+        n.create_subscription(DiagnosticArray, '/diagnostics', self._on_diag, RELIABLE)
+        self.reset_client = n.create_client(Trigger, f'{NS}/reset')
+        self.cancel_client = n.create_client(Trigger, f'{NS}/cancel')
+        self.param_client = n.create_client(SetParameters, f'{FQN}/set_parameters')
+
+    def _on_ready(self, msg):
+        self.ready = msg.data
+
+    def _on_diag(self, msg):
+        for s in msg.status:
+            level = s.level[0] if isinstance(s.level, bytes) else int(s.level)
+            entry = (level, s.message, {kv.key: kv.value for kv in s.values})
+            self.diag[s.name] = entry
+            self.diag_log.append((s.name, entry))
+
+    def pool(self):
+        return self.diag.get('orin_llm: kv_block_pool', (None, '', {}))
+
+    def generation(self):
+        return self.diag.get('orin_llm: generation', (None, '', {}))
+
+    def spin_until(self, cond, timeout, what):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError(f'timed out after {timeout:g} s waiting for {what}')
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def spin_for(self, seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.executor.spin_once(timeout_sec=0.02)
+
+    def image(self, rgb, stamp_ns=None):
+        msg = Image()
+        if stamp_ns is not None:
+            msg.header.stamp = Time(sec=stamp_ns // 10**9, nanosec=stamp_ns % 10**9)
+        msg.height, msg.width = rgb.shape[:2]
+        msg.encoding, msg.step = 'rgb8', rgb.shape[1] * 3
+        msg.data = array.array('B', rgb.tobytes())
+        return msg
+
+    def send_image(self, msg):
+        pub = self.pub_compressed if isinstance(msg, CompressedImage) else self.pub_image
+        pub.publish(msg)
+        self.spin_for(0.3)          # lands before the prompt (another topic)
+
+    def ask(self, text, timeout=ANSWER_TIMEOUT):
+        n_resp, n_err = len(self.responses), len(self.errors)
+        self.deltas.clear()
+        self.pub_prompt.publish(String(data=text))
+        self.spin_until(lambda: len(self.responses) > n_resp or any(
+            'rejected' in e and e.startswith('prompt') for e in self.errors[n_err:]),
+            timeout, f'an answer to {text[:40]!r}')
+        assert len(self.responses) > n_resp, f'prompt rejected: {self.errors[n_err:]}'
+        self.spin_for(0.1)
+        return self.responses[n_resp]
+
+    def expect_error(self, publish, needle, timeout=20.0):
+        n_err = len(self.errors)
+        publish()
+        self.spin_until(lambda: any(needle in e for e in self.errors[n_err:]), timeout,
+                        f'an error containing {needle!r} (got {self.errors[n_err:]})')
+
+    def call(self, client, request, timeout=20.0):
+        assert client.wait_for_service(timeout_sec=timeout), client.srv_name
+        future = client.call_async(request)
+        self.spin_until(future.done, timeout, f'{client.srv_name} reply')
+        return future.result()
+
+    def set_params(self, **values):
+        req = SetParameters.Request()
+        for name, value in values.items():
+            pv = ParameterValue()
+            if isinstance(value, bool):
+                pv.type, pv.bool_value = ParameterType.PARAMETER_BOOL, value
+            elif isinstance(value, int):
+                pv.type, pv.integer_value = ParameterType.PARAMETER_INTEGER, value
+            elif isinstance(value, float):
+                pv.type, pv.double_value = ParameterType.PARAMETER_DOUBLE, value
+            else:
+                pv.type, pv.string_value = ParameterType.PARAMETER_STRING, value
+            req.parameters.append(Parameter(name=name, value=pv))
+        return self.call(self.param_client, req).results
+
+    def reset(self):
+        assert self.call(self.reset_client, Trigger.Request()).success
+        self.spin_until(lambda: self.pool()[2].get('used_blocks') == '0', 20.0,
+                        'used_blocks == 0 after reset')
+
+    def close(self):
+        self.executor.shutdown()
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+@pytest.fixture(scope='module')
+def reference(tiny_ckpt):
+    """The same engine in this process: the expected answers."""
+    eng = LLMEngine(EngineConfig(model_path=tiny_ckpt, device='cpu', num_kv_blocks=POOL_BLOCKS,
+                                 image_max_pixels=307200))
+    return eng
+
+
+@pytest.fixture(scope='module')
+def node(tiny_ckpt, reference, tmp_path_factory):
+    """The node process (console script or ``python -m``), and its log."""
+    mb = POOL_BLOCKS * reference.stats().bytes_per_block / 2**20
+    log_path = tmp_path_factory.mktemp('node') / 'node.log'
+    cmd = node_command() + [
+        '--ros-args', '-r', f'__ns:={NS}', '--params-file', str(REPO / 'config/orin_llm.yaml'),
+        '-p', f'model_path:={tiny_ckpt}', '-p', f'kv_cache_memory_mb:={mb!r}',
+        '-p', f'max_new_tokens:={MAX_NEW}', '-p', f'system_prompt:={SYSTEM}',
+        '-p', 'diagnostics_period_s:=0.5', '-p', 'image_max_age_s:=30.0', '-p', 'queue_size:=2']
+    with open(log_path, 'w') as log:
+        proc = subprocess.Popen(cmd, env=ros_env(), stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log_path
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope='module')
+def probe(node):
+    p = Probe()
+    try:
+        p.spin_until(lambda: p.ready or node.poll() is not None, START_TIMEOUT, 'ready')
+        assert node.poll() is None, 'node died:\n' + node.log_path.read_text()[-3000:]
+        assert p.ready is True
+        p.spin_until(lambda: p.pub_prompt.get_subscription_count() > 0 and
+                     p.pub_image.get_subscription_count() > 0 and p.pool()[0] is not None,
+                     20.0, 'subscriptions and the first diagnostics')
+        yield p
+    finally:
+        p.close()
+
+
+def _log(node):
+    return node.log_path.read_text()
+
+
+def test_ready_and_diagnostics_keys(probe, node):
+    level, _, pool = probe.pool()
+    assert pool['total_blocks'] == str(POOL_BLOCKS) and pool['block_size'] == '16'
+    for key in ('free_blocks', 'cached_blocks', 'used_blocks', 'usage_pct', 'bytes_per_block',
+                'prefix_hit_rate', 'evictions', 'exhaustion_events', 'truncated_generations',
+                'rejected_prompts'):
+        assert key in pool, key
+    _, _, gen = probe.generation()
+    for key in ('device', 'dtype', 'cuda_graph', 'last_ttft_ms', 'last_vision_ms',
+                'last_decode_tok_s', 'queue_depth', 'requests', 'errors', 'last_image_stamp',
+                'last_finish_reason'):
+        assert key in gen, key
+    assert gen['device'] == 'cpu' and gen['dtype'] == 'float32'
+    assert 'RANDOM' not in _log(node)
+
+
+def test_answers_equal_the_engine_and_the_stream_concatenates(probe, reference):
+    rgb = red_disc()
+    conv = reference.new_conversation(SYSTEM)
+    greedy = SamplingParams(max_tokens=MAX_NEW)
+    ref1 = reference.chat(conv, 'What colour is the shape?', images=[rgb], sampling=greedy)
+    ref2 = reference.chat(conv, 'Describe it again.', sampling=greedy)
+    assert ref2.cached_tokens > 0
+
+    now = probe.node.get_clock().now().nanoseconds
+    probe.send_image(probe.image(rgb, stamp_ns=now))
+    answer = probe.ask('What colour is the shape?')
+    assert answer == ref1.text
+    assert ''.join(probe.deltas) == answer
+    probe.spin_until(lambda: probe.generation()[2]['requests'] == '1', 5.0, 'diagnostics')
+    assert float(probe.generation()[2]['last_image_stamp']) == pytest.approx(now / 1e9)
+    assert probe.pool()[2]['prefix_hits'] == '0'
+
+    # A stale newest image (header stamp 1000 s ago): the prompt runs text-only.
+    probe.send_image(probe.image(rgb, stamp_ns=now - 1000 * 10**9))
+    answer = probe.ask('Describe it again.')
+    assert answer == ref2.text
+    assert ''.join(probe.deltas) == answer
+    probe.spin_until(lambda: int(probe.pool()[2]['prefix_hits']) >= ref2.cached_tokens, 5.0,
+                     'prefix-cache hits in /diagnostics')
+    assert float(probe.pool()[2]['prefix_hit_rate']) > 0
+    reference.reset(conv)
+
+
+def test_reset_forgets_the_conversation(probe, reference):
+    probe.reset()
+    conv = reference.new_conversation(SYSTEM)
+    ref = reference.chat(conv, 'Hello again.', sampling=SamplingParams(max_tokens=MAX_NEW))
+    assert probe.ask('Hello again.') == ref.text
+    probe.reset()
+    reference.reset(conv)
+
+
+def test_runtime_parameters_and_bad_inputs(probe, reference):
+    results = probe.set_params(max_new_tokens=2, top_p=0.5)
+    assert all(r.successful for r in results)
+    bad = probe.set_params(top_p=1.5)[0]
+    assert not bad.successful and 'top_p' in bad.reason
+    assert not probe.set_params(queue_size=100)[0].successful      # read-only
+    probe.set_params(top_p=1.0)
+
+    conv = reference.new_conversation(SYSTEM)
+    greedy = SamplingParams(max_tokens=2)
+    w, h = 8, 6
+
+    def raw(encoding, data, width=w, height=h, step=w * 3):
+        msg = Image(width=width, height=height, encoding=encoding, step=step)
+        msg.data = array.array('B', data)
+        return msg
+
+    def compressed(data, fmt='jpeg'):
+        msg = CompressedImage(format=fmt)
+        msg.data = array.array('B', data)
+        return msg
+
+    cases = [
+        (raw('hsv8', bytes(w * h * 3)), 'unsupported image encoding'),
+        (raw('rgb8', bytes(w * h * 3 - 1)), 'too short'),
+        (raw('rgb8', b'', width=0, height=0, step=0), 'zero-size'),
+        (raw('bgr8', bytes(w * h * 3), step=w * 3 - 3), 'step'),
+        (raw('rgb8', bytes(16), width=100000, height=100000, step=300000), 'absurd'),
+        (compressed(b'definitely not a jpeg'), 'magic'),
+        # Passes the header checks, fails when the worker decodes it for the prompt.
+        (compressed(b'\xff\xd8\xff\xe0' + bytes(64)), 'could not be decoded'),
+    ]
+    for i, (msg, needle) in enumerate(cases):
+        text = f'Still there {i}?'
+        if needle == 'could not be decoded':
+            probe.send_image(msg)
+            n_resp = len(probe.responses)
+            probe.expect_error(lambda t=text: probe.pub_prompt.publish(String(data=t)), needle)
+            probe.spin_until(lambda n=n_resp: len(probe.responses) > n, ANSWER_TIMEOUT, 'answer')
+            answer = probe.responses[n_resp]
+        else:
+            probe.expect_error(lambda m=msg: probe.send_image(m), needle)
+            answer = probe.ask(text)
+        assert answer == reference.chat(conv, text, sampling=greedy).text, needle
+    probe.expect_error(lambda: probe.pub_prompt.publish(String(data='   ')), 'empty prompt')
+    assert probe.ask('Last one.') == reference.chat(conv, 'Last one.', sampling=greedy).text
+    assert int(probe.generation()[2]['errors']) >= len(cases)
+    probe.reset()
+    reference.reset(conv)
+
+
+def test_cancel_stops_the_generation_in_progress(probe):
+    assert not probe.call(probe.cancel_client, Trigger.Request()).success   # nothing running
+    probe.set_params(max_new_tokens=180)
+    n_resp = len(probe.responses)
+    probe.deltas.clear()
+    t0 = time.monotonic()
+    probe.pub_prompt.publish(String(data='Tell me a long story.'))
+    probe.spin_until(lambda: probe.deltas, ANSWER_TIMEOUT, 'the first streamed delta')
+    reply = probe.call(probe.cancel_client, Trigger.Request())
+    assert reply.success, reply.message
+    probe.spin_until(lambda: len(probe.responses) > n_resp, 20.0, 'the cancelled answer')
+    assert time.monotonic() - t0 < 30.0
+    probe.spin_until(lambda: probe.generation()[2]['last_finish_reason'] == 'cancelled', 5.0,
+                     'last_finish_reason cancelled')
+    assert probe.responses[-1].startswith(probe.deltas[0])
+    probe.reset()
+
+
+def test_small_pool_exhaustion_is_an_error_in_diagnostics(probe, node):
+    # The prompt fits in the 16-block pool, the answer does not: truncated (kv_exhausted).
+    probe.set_params(max_new_tokens=300)
+    probe.ask('Tell me a story about a red circle on a grey floor. ' * 6, timeout=120.0)
+    probe.spin_until(lambda: probe.generation()[2]['last_finish_reason'] == 'kv_exhausted',
+                     5.0, 'kv_exhausted')
+    probe.spin_until(lambda: probe.pool()[0] == 2, 5.0, 'kv_block_pool ERROR')
+    level, message, pool = probe.pool()
+    assert int(pool['exhaustion_events']) > 0 and int(pool['truncated_generations']) > 0
+    assert 'truncated' in message
+    # A prompt that cannot fit at all is rejected with a reason; the node keeps serving.
+    probe.reset()
+    probe.expect_error(lambda: probe.pub_prompt.publish(String(data='red ' * 400)), 'rejected')
+    probe.spin_until(lambda: int(probe.pool()[2]['rejected_prompts']) > 0, 5.0,
+                     'rejected_prompts in /diagnostics')
+    assert int(probe.pool()[2]['exhaustion_events']) >= 2
+    probe.set_params(max_new_tokens=MAX_NEW)
+    assert probe.ask('Are you still there?')
+    assert node.poll() is None
+
+
+def test_use_sim_time_ages_images_on_the_ros_clock(probe):
+    probe.reset()
+    assert all(r.successful for r in probe.set_params(use_sim_time=True, max_new_tokens=1))
+    sim = 1000 * 10**9
+    for _ in range(5):
+        probe.pub_clock.publish(Clock(clock=Time(sec=sim // 10**9)))
+        probe.spin_for(0.1)
+    # 5 s old on the simulated clock (ancient on the wall clock): fresh, so it is paired.
+    probe.send_image(probe.image(red_disc(), stamp_ns=sim - 5 * 10**9))
+    probe.ask('Colour?')
+    probe.spin_until(lambda: probe.generation()[2]['last_image_stamp'] == '995', 5.0,
+                     'the sim-time image paired')
+    # 100 s old on the simulated clock: stale, answered text-only.
+    probe.send_image(probe.image(red_disc(), stamp_ns=sim - 100 * 10**9))
+    probe.ask('Colour now?')
+    probe.spin_for(0.6)
+    assert probe.generation()[2]['last_image_stamp'] == '995'
+    probe.set_params(use_sim_time=False, max_new_tokens=MAX_NEW)
+    probe.reset()
+
+
+def test_sigterm_shuts_down_cleanly(probe, node):
+    failures = [e for e in probe.errors if e.startswith('request failed')]
+    assert not failures, f'internal errors while serving: {failures}'
+    node.send_signal(signal.SIGTERM)
+    assert node.wait(timeout=30) == 0
+    log = _log(node)
+    assert 'Traceback' not in log, log[-3000:]
+
+
+def test_bad_parameter_exits_with_one_line(tmp_path):
+    proc = subprocess.run(
+        node_command() + ['--ros-args', '-p', 'top_p:=1.5', '-r', '__ns:=/llm_bad_param'],
+        env=ros_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(out) == 1 and "'top_p'" in out[0], out
