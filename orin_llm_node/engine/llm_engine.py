@@ -117,8 +117,8 @@ class LLMEngine:
         return self.pool.block_size
 
     @property
-    def cuda_graph(self) -> bool:
-        """Whether decode steps replay a captured CUDA graph."""
+    def uses_cuda_graph(self) -> bool:
+        """Whether decode steps replay a captured CUDA graph (not merely enabled)."""
         return self.runner.cuda_graph_active
 
     @property
