@@ -39,6 +39,7 @@ PARAMETER_TYPES = {
     'enable_prefix_cache': bool,
     'image_max_pixels': int,
     'image_min_pixels': int,
+    'image_qos_reliable': bool,
     'image_max_age_s': float,
     'queue_size': int,
     'diagnostics_period_s': float,

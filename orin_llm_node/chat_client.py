@@ -109,6 +109,16 @@ class LLMClient(Node):
             return None
         return self.responses[before]
 
+    def stream_rest(self, answer, timeout_s=2.0):
+        """Wait for deltas still in flight after ``answer``; return the part not streamed.
+
+        ``response`` and ``response/stream`` are different topics, so the last deltas may land
+        after the whole answer.
+        """
+        self.spin_until(lambda: ''.join(self.deltas) == answer, timeout_s)
+        streamed = ''.join(self.deltas)
+        return answer[len(streamed):] if answer.startswith(streamed) else ''
+
     def cancel(self, timeout_s=2.0):
         """Ask the node to stop the answer in progress."""
         if not self.cancel_client.wait_for_service(timeout_sec=timeout_s):
@@ -172,9 +182,7 @@ def main(args=None):
         if answer is None:
             print(f'\norin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
         else:
-            if not client.deltas:       # stream missed (e.g. late start): print the whole
-                print(answer, end='')
-            print()
+            print(client.stream_rest(answer))
             code = 0
     except KeyboardInterrupt:
         if rclpy.ok(context=client.context):

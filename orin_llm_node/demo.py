@@ -109,7 +109,10 @@ def run(max_new_tokens, timeout_s):
         t0 = time.monotonic()
         answer = client.ask(PROMPT, timeout_s)
         latency = time.monotonic() - t0
-        print(flush=True)
+        if answer is not None:
+            print(client.stream_rest(answer), flush=True)
+        else:
+            print(flush=True)
         if answer is None:
             print(f'[demo] no answer after {timeout_s:g} s (errors: {client.errors})',
                   file=sys.stderr)

@@ -136,6 +136,8 @@ PARAMETERS = (
           '(0 = checkpoint default)', _int_at_least(0), constraints='>= 0'),
     Param('image_min_pixels', 0, 'resize images to at least this many pixels '
           '(0 = checkpoint default)', _int_at_least(0), constraints='>= 0'),
+    Param('image_qos_reliable', False, 'subscribe to images with reliable QoS instead of '
+          'sensor-data best effort (only reliable publishers match then)'),
     Param('image_max_age_s', 2.0, 'a prompt uses the newest image only if it is at most this old',
           _float_in(0.0, low_open=True, allow_inf=True), constraints='> 0.0'),
     Param('queue_size', 4, 'prompts waiting to be answered (overflow drops the oldest)',
@@ -295,7 +297,9 @@ class OrinLLMNode(Node):
         self.pub_error = self.create_publisher(String, 'error', _qos(10))
         self.pub_ready = self.create_publisher(Bool, 'ready', _qos(1, latched=True))
         self.pub_diag = self.create_publisher(DiagnosticArray, '/diagnostics', _qos(10))
-        sensor = _qos(1, reliable=False)
+        # Sensor data: best effort matches every publisher. Reliable is there for frames that a
+        # best-effort transport drops (Fast DDS: > 512 KB between processes, see README).
+        sensor = _qos(1, reliable=self.params['image_qos_reliable'])
         self.create_subscription(Image, 'image', self._on_image, sensor)
         self.create_subscription(CompressedImage, 'image/compressed', self._on_compressed, sensor)
         self.create_subscription(String, 'prompt', self._on_prompt, _qos(10))

@@ -156,8 +156,12 @@ class Probe:
             'rejected' in e and e.startswith('prompt') for e in self.errors[n_err:]),
             timeout, f'an answer to {text[:40]!r}')
         assert len(self.responses) > n_resp, f'prompt rejected: {self.errors[n_err:]}'
-        self.spin_for(0.1)
-        return self.responses[n_resp]
+        answer = self.responses[n_resp]
+        # The last deltas travel on another topic and may land after the whole answer.
+        deadline = time.monotonic() + 5.0
+        while ''.join(self.deltas) != answer and time.monotonic() < deadline:
+            self.executor.spin_once(timeout_sec=0.05)
+        return answer
 
     def expect_error(self, publish, needle, timeout=20.0):
         n_err = len(self.errors)
