@@ -566,6 +566,9 @@ class OrinLLMNode(Node):
                     self._drop_conversation('reset service')
                 if request is not None:
                     self._answer(request)
+            except ValueError as exc:   # the engine's verdict on the input (nothing changed)
+                self.info.errors += 1
+                self._publish_error(f"prompt rejected: {' '.join(str(exc).split())}")
             except Exception as exc:  # noqa: BLE001 - bad input must never kill the node
                 self.info.errors += 1
                 reason = ' '.join(str(exc).split()) or type(exc).__name__
@@ -631,10 +634,11 @@ class OrinLLMNode(Node):
         engine.chat(conv, 'Hi', images=[grey], sampling=SamplingParams(max_tokens=2))
         engine.reset(conv)
 
-    def _drop_conversation(self, why):
+    def _drop_conversation(self, why=None):
         if self._conv is not None:
             self._engine.reset(self._conv)
-            self.get_logger().info(f'conversation reset ({why})')
+            if why:
+                self.get_logger().info(f'conversation reset ({why})')
         self._conv = None
 
     def _conversation(self):
@@ -679,19 +683,20 @@ class OrinLLMNode(Node):
         conv = self._conversation()
         t0 = time.monotonic()
         result = None
-        for event in self._engine.chat_stream(conv, request.text, images=images,
-                                              sampling=sampling):
-            delta = event.delta
-            if delta:
-                self._safe_publish(self.pub_stream, String(data=delta))
-            if event.result is not None:
-                result = event.result
-            if self._cancel_pending:
-                self._engine.cancel()
-            self._diagnostics(only_if_due=True)
+        try:
+            for event in self._engine.chat_stream(conv, request.text, images=images,
+                                                  sampling=sampling):
+                if event.delta:
+                    self._safe_publish(self.pub_stream, String(data=event.delta))
+                if event.result is not None:
+                    result = event.result
+                if self._cancel_pending:
+                    self._engine.cancel()
+                self._diagnostics(only_if_due=True)
+        finally:
+            if self.params['conversation_mode'] == 'single':
+                self._drop_conversation()   # every prompt alone; its blocks stay as cache
         elapsed = time.monotonic() - t0
-        if self.params['conversation_mode'] == 'single':
-            self._drop_conversation('conversation_mode single')
         finish = result.finish_reason
         self.info.last_finish_reason = finish
         self._record_latency(result)

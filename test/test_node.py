@@ -38,7 +38,7 @@ pytestmark = pytest.mark.ros
 
 REPO = Path(__file__).resolve().parents[1]
 NS = '/llm_test'
-FQN = f'{NS}/orin_llm'
+SINGLE_NS = '/llm_test_single'
 SYSTEM = 'You are a test robot.'
 POOL_BLOCKS = 16                    # x 16 tokens: small enough to exhaust in a few seconds
 MAX_NEW = 6
@@ -78,7 +78,7 @@ def node_command():
 class Probe:
     """The test's side of the wire: publishers, subscriptions, services of the node."""
 
-    def __init__(self):
+    def __init__(self, ns=NS):
         self.context = rclpy.context.Context()
         rclpy.init(context=self.context)
         self.node = rclpy.create_node('orin_llm_probe', context=self.context)
@@ -89,22 +89,22 @@ class Probe:
         self.responses, self.deltas, self.errors = [], [], []
         self.diag = {}                  # status name -> (level, message, {key: value})
         self.diag_log = []
-        self.pub_prompt = n.create_publisher(String, f'{NS}/prompt', RELIABLE)
-        self.pub_image = n.create_publisher(Image, f'{NS}/image', RELIABLE)
-        self.pub_compressed = n.create_publisher(CompressedImage, f'{NS}/image/compressed',
+        self.pub_prompt = n.create_publisher(String, f'{ns}/prompt', RELIABLE)
+        self.pub_image = n.create_publisher(Image, f'{ns}/image', RELIABLE)
+        self.pub_compressed = n.create_publisher(CompressedImage, f'{ns}/image/compressed',
                                                  RELIABLE)
         self.pub_clock = n.create_publisher(Clock, '/clock', RELIABLE)
-        n.create_subscription(Bool, f'{NS}/ready', self._on_ready, LATCHED)
-        n.create_subscription(String, f'{NS}/response', lambda m: self.responses.append(m.data),
+        n.create_subscription(Bool, f'{ns}/ready', self._on_ready, LATCHED)
+        n.create_subscription(String, f'{ns}/response', lambda m: self.responses.append(m.data),
                               RELIABLE)
-        n.create_subscription(String, f'{NS}/response/stream',
+        n.create_subscription(String, f'{ns}/response/stream',
                               lambda m: self.deltas.append(m.data), STREAM)
-        n.create_subscription(String, f'{NS}/error', lambda m: self.errors.append(m.data),
+        n.create_subscription(String, f'{ns}/error', lambda m: self.errors.append(m.data),
                               RELIABLE)
         n.create_subscription(DiagnosticArray, '/diagnostics', self._on_diag, RELIABLE)
-        self.reset_client = n.create_client(Trigger, f'{NS}/reset')
-        self.cancel_client = n.create_client(Trigger, f'{NS}/cancel')
-        self.param_client = n.create_client(SetParameters, f'{FQN}/set_parameters')
+        self.reset_client = n.create_client(Trigger, f'{ns}/reset')
+        self.cancel_client = n.create_client(Trigger, f'{ns}/cancel')
+        self.param_client = n.create_client(SetParameters, f'{ns}/orin_llm/set_parameters')
 
     def _on_ready(self, msg):
         self.ready = msg.data
@@ -209,38 +209,59 @@ def reference(tiny_ckpt):
     return eng
 
 
-@pytest.fixture(scope='module')
-def node(tiny_ckpt, reference, tmp_path_factory):
-    """The node process (console script or ``python -m``), and its log."""
-    mb = POOL_BLOCKS * reference.stats().bytes_per_block / 2**20
-    log_path = tmp_path_factory.mktemp('node') / 'node.log'
+def start_node(ckpt, ns, log_dir, *params):
+    """The node process (console script or ``python -m``) with the repo YAML + overrides."""
+    log_path = log_dir / 'node.log'
     cmd = node_command() + [
-        '--ros-args', '-r', f'__ns:={NS}', '--params-file', str(REPO / 'config/orin_llm.yaml'),
-        '-p', f'model_path:={tiny_ckpt}', '-p', f'kv_cache_memory_mb:={mb!r}',
-        '-p', f'max_new_tokens:={MAX_NEW}', '-p', f'system_prompt:={SYSTEM}',
-        '-p', 'diagnostics_period_s:=0.5', '-p', 'image_max_age_s:=30.0', '-p', 'queue_size:=2']
+        '--ros-args', '-r', f'__ns:={ns}', '--params-file', str(REPO / 'config/orin_llm.yaml'),
+        '-p', f'model_path:={ckpt}', '-p', f'system_prompt:={SYSTEM}',
+        '-p', 'diagnostics_period_s:=0.5', '-p', 'image_max_age_s:=30.0']
+    for p in params:
+        cmd += ['-p', p]
     with open(log_path, 'w') as log:
         proc = subprocess.Popen(cmd, env=ros_env(), stdout=log, stderr=subprocess.STDOUT)
     proc.log_path = log_path
-    yield proc
+    return proc
+
+
+def connect(proc, ns):
+    """A Probe on ``ns`` once the node is ready and matched."""
+    p = Probe(ns)
+    try:
+        p.spin_until(lambda: p.ready or proc.poll() is not None, START_TIMEOUT, 'ready')
+        assert proc.poll() is None, 'node died:\n' + proc.log_path.read_text()[-3000:]
+        assert p.ready is True
+        p.spin_until(lambda: p.pub_prompt.get_subscription_count() > 0 and
+                     p.pub_image.get_subscription_count() > 0 and p.pool()[0] is not None,
+                     20.0, 'subscriptions and the first diagnostics')
+    except BaseException:
+        p.close()
+        raise
+    return p
+
+
+def stop(proc):
     if proc.poll() is None:
         proc.kill()
         proc.wait()
 
 
 @pytest.fixture(scope='module')
+def node(tiny_ckpt, reference, tmp_path_factory):
+    """The node under test: chat mode, a 16-block KV pool."""
+    mb = POOL_BLOCKS * reference.stats().bytes_per_block / 2**20
+    proc = start_node(tiny_ckpt, NS, tmp_path_factory.mktemp('node'),
+                      f'kv_cache_memory_mb:={mb!r}', f'max_new_tokens:={MAX_NEW}',
+                      'queue_size:=2')
+    yield proc
+    stop(proc)
+
+
+@pytest.fixture(scope='module')
 def probe(node):
-    p = Probe()
-    try:
-        p.spin_until(lambda: p.ready or node.poll() is not None, START_TIMEOUT, 'ready')
-        assert node.poll() is None, 'node died:\n' + node.log_path.read_text()[-3000:]
-        assert p.ready is True
-        p.spin_until(lambda: p.pub_prompt.get_subscription_count() > 0 and
-                     p.pub_image.get_subscription_count() > 0 and p.pool()[0] is not None,
-                     20.0, 'subscriptions and the first diagnostics')
-        yield p
-    finally:
-        p.close()
+    p = connect(node, NS)
+    yield p
+    p.close()
 
 
 def _log(node):
@@ -369,6 +390,24 @@ def test_cancel_stops_the_generation_in_progress(probe):
     probe.reset()
 
 
+def test_queue_overflow_drops_the_oldest_prompt(probe):
+    probe.set_params(max_new_tokens=40)
+    n_resp, n_err = len(probe.responses), len(probe.errors)
+    for i in range(4):                          # queue_size is 2
+        probe.pub_prompt.publish(String(data=f'Queued prompt {i}.'))
+
+    def drops():
+        return [e for e in probe.errors[n_err:] if e.startswith('queue full')]
+
+    probe.spin_until(lambda: drops() and len(probe.responses) - n_resp >= 4 - len(drops()),
+                     ANSWER_TIMEOUT, 'a dropped prompt and the other answers')
+    probe.spin_for(1.0)
+    assert len(probe.responses) - n_resp == 4 - len(drops())
+    assert "'Queued prompt 0.'" in drops()[0] or "'Queued prompt 1.'" in drops()[0]
+    probe.set_params(max_new_tokens=MAX_NEW)
+    probe.reset()
+
+
 def test_small_pool_exhaustion_is_an_error_in_diagnostics(probe, node):
     # The prompt fits in the 16-block pool, the answer does not: truncated (kv_exhausted).
     probe.set_params(max_new_tokens=300)
@@ -418,6 +457,73 @@ def test_sigterm_shuts_down_cleanly(probe, node):
     assert node.wait(timeout=30) == 0
     log = _log(node)
     assert 'Traceback' not in log, log[-3000:]
+
+
+@pytest.fixture(scope='module')
+def single(tiny_ckpt, tmp_path_factory):
+    """A second node: conversation_mode single, a 1 s deadline per answer."""
+    proc = start_node(tiny_ckpt, SINGLE_NS, tmp_path_factory.mktemp('single'),
+                      'conversation_mode:=single', 'max_generation_s:=1.0',
+                      f'max_new_tokens:={MAX_NEW}')
+    p = connect(proc, SINGLE_NS)
+    yield p
+    p.close()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+
+
+def test_single_mode_answers_each_prompt_alone(single, reference):
+    greedy = SamplingParams(max_tokens=MAX_NEW)
+    for text in ('What colour is the shape?', 'And its size?'):
+        conv = reference.new_conversation(SYSTEM)
+        expected = reference.chat(conv, text, sampling=greedy).text
+        reference.reset(conv)
+        assert single.ask(text) == expected
+    # The system prompt (and the template head) is served from the prefix cache.
+    single.spin_until(lambda: single.generation()[2].get('requests') == '2', 5.0, 'diagnostics')
+    assert int(single.pool()[2]['prefix_hits']) > 0
+    assert single.pool()[2]['used_blocks'] == '0'
+
+
+def test_max_generation_s_ends_the_answer_with_timeout(single):
+    single.set_params(max_new_tokens=100000)
+    t0 = time.monotonic()
+    assert single.ask('Tell me everything.') is not None
+    assert time.monotonic() - t0 < 20.0
+    single.spin_until(lambda: single.generation()[2]['last_finish_reason'] == 'timeout', 5.0,
+                      'last_finish_reason timeout')
+    single.set_params(max_new_tokens=MAX_NEW)
+
+
+def test_load_failure_exits_non_zero_with_one_fatal_line(tmp_path):
+    broken = tmp_path / 'broken'
+    broken.mkdir()
+    (broken / 'config.json').write_text('{}')
+    proc = subprocess.run(
+        node_command() + ['--ros-args', '-r', '__ns:=/llm_broken', '-p',
+                          f'model_path:={broken}'],
+        env=ros_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    fatal = [ln for ln in (proc.stdout + proc.stderr).splitlines() if 'FATAL' in ln]
+    assert len(fatal) == 1 and 'failed to load the model' in fatal[0], proc.stderr[-2000:]
+    assert 'Traceback' not in proc.stdout + proc.stderr
+
+
+def test_empty_model_path_falls_back_to_a_cached_random_checkpoint(tmp_path, monkeypatch):
+    from orin_llm_node import node as node_mod
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+    monkeypatch.setattr(node_mod, 'DEMO_MODEL_DIR', tmp_path / 'no_demo_model')
+    said = []
+    path, random = node_mod.resolve_model_path('', said.append)
+    assert random and (path / 'config.json').is_file() and path.is_relative_to(tmp_path)
+    assert len(said) == 1 and 'RANDOM' in said[0]
+    assert node_mod.resolve_model_path('', said.append) == (path, True)
+    assert len(said) == 1, 'generated once, then reused'
+    demo = tmp_path / 'demo_model'
+    demo.mkdir()
+    (demo / 'config.json').write_text('{}')
+    monkeypatch.setattr(node_mod, 'DEMO_MODEL_DIR', demo)
+    assert node_mod.resolve_model_path('', said.append) == (demo, False)
 
 
 def test_bad_parameter_exits_with_one_line(tmp_path):
