@@ -539,8 +539,8 @@ class OrinLLMNode(Node):
             if not self._stop.is_set():
                 self._fail(f'failed to load the model: {msg}')
             return
-        if self._stop.is_set():         # shut down while loading: nobody is listening
-            return
+        if self._stop.is_set() or not self.context.ok():
+            return                      # shut down while loading: nobody is listening
         self.info.state = 'ready'
         self.info.detail = ''
         self._safe_publish(self.pub_ready, Bool(data=True))
@@ -697,6 +697,8 @@ class OrinLLMNode(Node):
             if self.params['conversation_mode'] == 'single':
                 self._drop_conversation()   # every prompt alone; its blocks stay as cache
         elapsed = time.monotonic() - t0
+        if self._stop.is_set() or not self.context.ok():
+            return                      # shutting down (Ctrl-C): nobody to tell
         finish = result.finish_reason
         self.info.last_finish_reason = finish
         self._record_latency(result)
