@@ -104,6 +104,7 @@ def make_node():
     rclpy.try_shutdown(context=context)
 
 
+@pytest.mark.ros
 def test_declared_parameters_match(make_node):
     node = make_node()
     declared = node.get_parameters_by_prefix('')
@@ -119,6 +120,7 @@ def test_declared_parameters_match(make_node):
         'max_new_tokens', 'temperature', 'top_p', 'top_k', 'seed', 'system_prompt'}
 
 
+@pytest.mark.ros
 @pytest.mark.parametrize('name,value', [
     ('top_p', 1.5), ('top_p', 0.0), ('temperature', -0.1), ('max_new_tokens', 0),
     ('device', 'gpu'), ('dtype', 'int8'), ('conversation_mode', 'multi'), ('queue_size', 0),
@@ -133,11 +135,13 @@ def test_bad_values_fail_with_one_line_naming_the_parameter(make_node, name, val
     assert f"'{name}'" in text and '\n' not in text
 
 
+@pytest.mark.ros
 def test_cross_parameter_check(make_node):
     with pytest.raises(node_mod.ParameterError, match='image_min_pixels'):
         make_node(image_min_pixels=500000, image_max_pixels=1000)
 
 
+@pytest.mark.ros
 def test_runtime_parameters_are_validated_when_set(make_node):
     node = make_node()
     ok = node.set_parameters([Parameter('temperature', value=0.7),
