@@ -26,7 +26,7 @@ setup(
         ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
         (f'share/{PACKAGE}', ['package.xml']),
         (f'share/{PACKAGE}/launch', glob('launch/*.launch.py')),
-        (f'share/{PACKAGE}/config', glob('config/*.yaml')),
+        (f'share/{PACKAGE}/config', glob('config/*.yaml') + glob('config/*.xml')),
         (f'share/{PACKAGE}/cuda_kernels', glob('cuda_kernels/*.cu*')),
     ],
     # Only setuptools here, as in ros2/examples: colcon-generated entry points check
