@@ -1,0 +1,269 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Synthetic shape scenes and the questions the embedded demo model answers about them.
+
+One generator shared by the demo model's training (``tools/train_demo_model.py``), its
+evaluation (``tools/eval_demo_model.py``), the tests and the node demo, so that all of them
+agree on what a "red circle" looks like and what the right answer is.
+
+Scenes: 1-3 shapes (circle, square, triangle, star) in 6 saturated colours, randomly sized,
+placed without overlap and rotated, on a low-saturation background (solid, gradient or a faint
+checkerboard, from near black to near white) with optional Gaussian noise; 64-256 px per side,
+any aspect ratio in that range.
+
+Questions (the contract the demo model is trained on):
+
+* ``colour`` ("What colour is the shape?") and ``shape`` ("What shape is it?") are asked about
+  images with exactly one shape: "the shape" is then unambiguous.
+* ``count`` ("How many shapes are there?") is asked about images with 1-3 shapes.
+* Follow-ups ("And what colour is it?", "And what shape is it?", "And how many shapes are
+  there?") come in a later turn without a new image and refer to the latest image of the
+  conversation. A later turn may also bring a new image; questions are then about that one.
+* A conversation with no image at all gets ``NO_IMAGE_ANSWER``.
+
+Answers are one lowercase word and a full stop ("red.", "circle.", "two."); the model ends
+them with ``<|im_end|>``.
+"""
+
+from dataclasses import dataclass
+import math
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+__all__ = [
+    'COLOURS', 'COUNT_WORDS', 'FOLLOW_UPS', 'NO_IMAGE_ANSWER', 'QUESTIONS', 'SHAPES',
+    'Scene', 'Shape', 'Turn', 'answer', 'corpus', 'draw_scene', 'random_conversation',
+    'random_scene', 'render_scene', 'simple_scene',
+]
+
+# Nominal RGB of each colour; every drawn shape jitters each channel by up to COLOUR_JITTER.
+COLOURS = {
+    'red': (215, 35, 35),
+    'orange': (245, 135, 20),
+    'yellow': (240, 215, 25),
+    'green': (40, 165, 50),
+    'blue': (35, 75, 215),
+    'purple': (140, 50, 180),
+}
+COLOUR_JITTER = 18
+SHAPES = ('circle', 'square', 'triangle', 'star')
+COUNT_WORDS = ('one', 'two', 'three')
+MIN_SIDE, MAX_SIDE = 64, 256
+# Shapes stand upright within +-MAX_TILT radians (a small model learns upright shapes much
+# faster than shapes at any rotation).
+MAX_TILT = math.radians(20)
+
+# The first phrasing of each kind is the canonical one (tests, demo, evaluation).
+QUESTIONS = {
+    'colour': ('What colour is the shape?', 'What color is the shape?', 'What colour is it?',
+               'Which colour is the shape?'),
+    'shape': ('What shape is it?', 'What shape is this?', 'Which shape is it?',
+              'What is the shape?'),
+    'count': ('How many shapes are there?', 'How many shapes do you see?',
+              'How many shapes are in the image?', 'Count the shapes.'),
+}
+FOLLOW_UPS = {
+    'colour': ('And what colour is it?', 'And what color is it?', 'What colour is it then?'),
+    'shape': ('And what shape is it?', 'And which shape is it?', 'What shape is it then?'),
+    'count': ('And how many shapes are there?', 'And how many are there?'),
+}
+NO_IMAGE_ANSWER = 'I see no image.'
+# Question mix on a new image: colour is learnt fastest, shapes and counts need more examples.
+NEW_IMAGE_MIX = (0.2, 0.4, 0.4)
+SYSTEM_PROMPTS = (
+    'You are a helpful assistant.',
+    'You are a helpful assistant running on a robot. Answer briefly and precisely.',
+    'You are a robot camera assistant.',
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One drawn shape: kind, colour name, centre (x, y) and circumradius in pixels."""
+
+    kind: str
+    colour: str
+    cx: float
+    cy: float
+    radius: float
+    angle: float = 0.0
+
+
+@dataclass(frozen=True)
+class Scene:
+    """An RGB uint8 image (H x W x 3) and the shapes drawn on it."""
+
+    image: np.ndarray
+    shapes: tuple[Shape, ...]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One user turn: question text, image (or None), the expected answer, question kind."""
+
+    question: str
+    image: np.ndarray | None
+    answer: str
+    kind: str
+
+
+def _polygon(shape: Shape) -> list[tuple[float, float]]:
+    if shape.kind == 'square':
+        n, radii, phase = 4, (shape.radius,), math.pi / 4
+    elif shape.kind == 'triangle':
+        n, radii, phase = 3, (shape.radius,), -math.pi / 2
+    elif shape.kind == 'star':
+        n, radii, phase = 10, (shape.radius, 0.45 * shape.radius), -math.pi / 2
+    else:
+        raise ValueError(f'not a polygon: {shape.kind}')
+    pts = []
+    for i in range(n):
+        a = phase + shape.angle + 2 * math.pi * i / n
+        r = radii[i % len(radii)]
+        pts.append((shape.cx + r * math.cos(a), shape.cy + r * math.sin(a)))
+    return pts
+
+
+def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    # Low saturation only (grey plus a small tint), so no background reads as a shape colour.
+    def tone():
+        return np.clip(rng.uniform(0, 255) + rng.uniform(-15, 15, 3), 0, 255)
+
+    style = rng.choice(['solid', 'gradient', 'checker'], p=[0.45, 0.35, 0.2])
+    if style == 'solid':
+        return np.broadcast_to(tone(), (height, width, 3)).astype(np.float32)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    a, b = tone(), tone()
+    if style == 'gradient':
+        theta = rng.uniform(0, 2 * math.pi)
+        proj = xx * math.cos(theta) + yy * math.sin(theta)
+        t = (proj - proj.min()) / max(float(proj.max() - proj.min()), 1.0)
+        return (a + (b - a) * t[..., None]).astype(np.float32)
+    b = np.clip(a + rng.uniform(-40, 40), 0, 255)  # faint checkerboard
+    period = int(rng.integers(6, 33))
+    mask = ((xx // period + yy // period) % 2)[..., None]
+    return (a * (1 - mask) + b * mask).astype(np.float32)
+
+
+def render_scene(height: int, width: int, shapes, background=(128, 128, 128),
+                 rng: np.random.Generator | None = None, noise_std: float = 0.0) -> np.ndarray:
+    """Draw `shapes` on a background and return an H x W x 3 uint8 RGB image.
+
+    `background` is an RGB triple, or None for a random one drawn from `rng`. Shape colours are
+    the nominal `COLOURS` unless `rng` is given (then each channel is jittered).
+    """
+    if background is None:
+        base = _background(rng, height, width)
+    else:
+        base = np.broadcast_to(np.asarray(background, np.float32), (height, width, 3))
+    img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for s in shapes:
+        colour = np.asarray(COLOURS[s.colour], np.float32)
+        if rng is not None:
+            colour = colour + rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3)
+        fill = tuple(int(c) for c in np.clip(colour, 0, 255))
+        if s.kind == 'circle':
+            r = s.radius
+            draw.ellipse([s.cx - r, s.cy - r, s.cx + r, s.cy + r], fill=fill)
+        else:
+            draw.polygon(_polygon(s), fill=fill)
+    out = np.asarray(img).astype(np.float32)
+    if noise_std > 0:
+        out += noise_std * rng.standard_normal(out.shape, dtype=np.float32)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def _place(rng, height, width, count) -> list[tuple[float, float, float]] | None:
+    side = min(height, width)
+    lo, hi = (0.2, 0.44) if count == 1 else (0.13, 0.3)
+    placed = []
+    for _ in range(200):
+        r = max(9.0, rng.uniform(lo, hi) * side)
+        if 2 * r + 4 > side:
+            r = (side - 4) / 2
+        cx = rng.uniform(r + 2, width - r - 2)
+        cy = rng.uniform(r + 2, height - r - 2)
+        if all(math.hypot(cx - x, cy - y) > r + q + 4 for x, y, q in placed):
+            placed.append((cx, cy, r))
+            if len(placed) == count:
+                return placed
+    return None
+
+
+def random_scene(rng: np.random.Generator, num_shapes: int | None = None,
+                 height: int | None = None, width: int | None = None) -> Scene:
+    """Draw a random scene: 1-3 shapes (or `num_shapes`), random size, background and noise."""
+    while True:
+        h = int(height or rng.integers(MIN_SIDE, MAX_SIDE + 1))
+        w = int(width or rng.integers(MIN_SIDE, MAX_SIDE + 1))
+        n = int(num_shapes or rng.integers(1, 4))
+        spots = _place(rng, h, w, n)
+        if spots is not None:
+            break
+    shapes = tuple(
+        Shape(kind=str(rng.choice(SHAPES)), colour=str(rng.choice(list(COLOURS))), cx=cx,
+              cy=cy, radius=r, angle=float(rng.uniform(-MAX_TILT, MAX_TILT)))
+        for cx, cy, r in spots)
+    noise = float(rng.uniform(0, 20)) if rng.random() < 0.7 else 0.0
+    return Scene(render_scene(h, w, shapes, background=None, rng=rng, noise_std=noise), shapes)
+
+
+def simple_scene(kind: str = 'circle', colour: str = 'red', height: int = 128,
+                 width: int = 128, background=(255, 255, 255), scale: float = 0.35) -> Scene:
+    """A clean, centred single shape of nominal colour (tests and the node demo)."""
+    shape = Shape(kind, colour, width / 2, height / 2, scale * min(height, width))
+    return Scene(render_scene(height, width, [shape], background=background), (shape,))
+
+
+def draw_scene(seed: int, num_shapes: int | None = None) -> Scene:
+    """`random_scene` from an integer seed (fixed test images)."""
+    return random_scene(np.random.default_rng(seed), num_shapes=num_shapes)
+
+
+def answer(kind: str, scene: Scene | None) -> str:
+    """The expected answer to a question of `kind` about `scene` (None: no image seen)."""
+    if scene is None:
+        return NO_IMAGE_ANSWER
+    if kind == 'count':
+        return COUNT_WORDS[len(scene.shapes) - 1] + '.'
+    if len(scene.shapes) != 1:
+        raise ValueError(f'{kind} questions are only defined for one shape')
+    return (scene.shapes[0].colour if kind == 'colour' else scene.shapes[0].kind) + '.'
+
+
+def random_conversation(rng: np.random.Generator, max_turns: int = 3) -> list[Turn]:
+    """A random training/eval conversation: questions, new images, follow-ups.
+
+    The first turn carries an image (rarely none); later turns either ask a follow-up about the
+    latest image or bring a new image with a fresh question.
+    """
+    turns: list[Turn] = []
+    scene = None
+    for i in range(int(rng.integers(1, max_turns + 1))):
+        new_image = (i == 0 and rng.random() > 0.03) or (i > 0 and rng.random() < 0.3)
+        if new_image:
+            kind = str(rng.choice(['colour', 'shape', 'count'], p=NEW_IMAGE_MIX))
+            scene = random_scene(rng, num_shapes=None if kind == 'count' else 1)
+        else:
+            allowed = ['count'] if scene is not None and len(scene.shapes) > 1 else [
+                'colour', 'shape', 'count']
+            kind = str(rng.choice(allowed))
+        if new_image or scene is None:
+            question = str(rng.choice(QUESTIONS[kind]))
+        else:
+            question = str(rng.choice(FOLLOW_UPS[kind] + QUESTIONS[kind]))
+        turns.append(Turn(question, scene.image if new_image else None, answer(kind, scene),
+                          kind))
+    return turns
+
+
+def corpus() -> list[str]:
+    """Every question, answer and system prompt text (the demo tokenizer's training corpus)."""
+    texts = [q for qs in QUESTIONS.values() for q in qs]
+    texts += [q for qs in FOLLOW_UPS.values() for q in qs]
+    texts += [f'{c}.' for c in COLOURS] + [f'{s}.' for s in SHAPES]
+    texts += [f'{n}.' for n in COUNT_WORDS] + [NO_IMAGE_ANSWER]
+    texts += list(SYSTEM_PROMPTS) + ['system', 'user', 'assistant', '\n']
+    return texts

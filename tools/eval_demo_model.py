@@ -1,0 +1,165 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Accuracy of the demo checkpoint through our LLMEngine and through transformers' greedy.
+
+Held-out synthetic scenes (seeds far from the training stream), one conversation per item:
+
+* ``colour`` / ``shape``: one-shape image, "What colour is the shape?" / "What shape is it?";
+* ``count``: 1-3 shapes, "How many shapes are there?";
+* ``follow_colour`` / ``follow_shape``: "What shape is it?" then, without an image, "And what
+  colour is it?" (and the other way round); both answers must be right and the second turn must
+  be served from the prefix cache (``cached_tokens > 0``);
+* ``new_image``: a question about a first image, then the same question about a second image in
+  the same conversation (the answer must follow the newest image).
+
+Every turn is also answered by ``Qwen3VLForConditionalGeneration.generate`` (greedy, fp32) on
+inputs built independently with transformers' tokenizer, chat template and
+``Qwen2VLImageProcessorPil``; the report counts answers that differ from ours and prompts whose
+token ids differ.
+
+    .venv/bin/python tools/eval_demo_model.py [--model DIR] [--per-type 500] [--no-reference]
+"""
+
+import argparse
+import json
+from pathlib import Path
+import sys
+import time
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / 'tools'))
+
+from orin_llm_node.testing import shapes  # noqa: E402
+
+DEFAULT_MODEL = REPO / 'orin_llm_node' / 'demo_model'
+TYPES = ('colour', 'shape', 'count', 'follow_colour', 'follow_shape', 'new_image')
+EVAL_SEED = 7_000_000  # training draws from np.random.default_rng(0): a different stream
+
+
+def make_item(kind: str, index: int) -> list[shapes.Turn]:
+    """The conversation of eval item `index` of type `kind` (deterministic)."""
+    rng = np.random.default_rng([EVAL_SEED, TYPES.index(kind), index])
+
+    def turn(question_kind, scene, image=True, follow=False):
+        q = (shapes.FOLLOW_UPS if follow else shapes.QUESTIONS)[question_kind][0]
+        return shapes.Turn(q, scene.image if image else None,
+                           shapes.answer(question_kind, scene), question_kind)
+
+    if kind in ('colour', 'shape', 'count'):
+        scene = shapes.random_scene(rng, num_shapes=None if kind == 'count' else 1)
+        return [turn(kind, scene)]
+    if kind in ('follow_colour', 'follow_shape'):
+        second = kind.split('_')[1]
+        first = 'shape' if second == 'colour' else 'colour'
+        scene = shapes.random_scene(rng, num_shapes=1)
+        return [turn(first, scene), turn(second, scene, image=False, follow=True)]
+    q = str(rng.choice(['colour', 'shape', 'count']))
+    n = None if q == 'count' else 1
+    a, b = shapes.random_scene(rng, num_shapes=n), shapes.random_scene(rng, num_shapes=n)
+    return [turn(q, a), turn(q, b)]
+
+
+class Reference:
+    """transformers' greedy answers on inputs it builds itself (tokenizer, template, processor)."""
+
+    def __init__(self, model_dir: Path):
+        from train_demo_model import Encoder
+        from transformers import Qwen3VLForConditionalGeneration
+
+        self.enc = Encoder(model_dir)
+        self.model = Qwen3VLForConditionalGeneration.from_pretrained(
+            str(model_dir), dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def answer(self, turns, answers, max_new_tokens):
+        """Greedy answer to the last turn, history answers from `answers`; (text, prompt ids)."""
+        enc = self.enc
+        ids = enc.encode_text(enc.render(enc.messages(turns, None, answers),
+                                         add_generation_prompt=True))
+        images = [t.image for t in turns if t.image is not None]
+        pixels, grids = enc.images(images) if images else (None, None)
+        ids, _ = enc.expand(ids, grids if grids is not None else [])
+        x = torch.tensor([ids])
+        kwargs = {'mm_token_type_ids': (x == enc.image_id).long()}
+        if pixels is not None:
+            kwargs.update(pixel_values=pixels, image_grid_thw=grids)
+        out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                  max_new_tokens=max_new_tokens, **kwargs)
+        gen = out[0, x.shape[1]:].tolist()
+        return enc.tok.decode(gen, skip_special_tokens=True), ids
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--model', type=Path, default=DEFAULT_MODEL)
+    ap.add_argument('--per-type', type=int, default=500)
+    ap.add_argument('--types', nargs='+', default=list(TYPES), choices=TYPES)
+    ap.add_argument('--no-reference', action='store_true', help='skip transformers')
+    ap.add_argument('--threads', type=int, default=2)
+    ap.add_argument('--max-tokens', type=int, default=8)
+    ap.add_argument('--json', type=Path, help='write the summary here')
+    args = ap.parse_args(argv)
+
+    from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
+
+    torch.set_num_threads(args.threads)
+    engine = LLMEngine(EngineConfig(model_path=args.model, device='cpu', dtype='float32',
+                                    enable_cuda_graph=False, block_order_seed=1))
+    ref = None if args.no_reference else Reference(args.model)
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    summary = {}
+    t_all = time.time()
+    for kind in args.types:
+        stats = {'n': 0, 'ours_correct': 0, 'ref_correct': 0, 'answer_mismatch': 0,
+                 'prompt_mismatch': 0, 'follow_up_uncached': 0, 'not_stopped': 0}
+        failures = []
+        t0 = time.time()
+        for i in range(args.per_type):
+            turns = make_item(kind, i)
+            conv = engine.new_conversation()
+            ours, theirs = [], []
+            for k, t in enumerate(turns):
+                res = engine.chat(conv, t.question, images=[t.image] if t.image is not None
+                                  else None, sampling=sampling)
+                ours.append(res.text)
+                stats['not_stopped'] += res.finish_reason != 'stop'
+                if k > 0 and res.cached_tokens <= 0:
+                    stats['follow_up_uncached'] += 1
+                if ref is not None:
+                    text, ids = ref.answer(turns[:k + 1], theirs, args.max_tokens)
+                    theirs.append(text)
+                    stats['prompt_mismatch'] += list(res.prompt_token_ids) != ids
+            engine.reset(conv)
+            expected = [t.answer for t in turns]
+            stats['n'] += 1
+            stats['ours_correct'] += ours == expected
+            if ours != expected and len(failures) < 5:
+                failures.append({'item': i, 'expected': expected, 'ours': ours})
+            if ref is not None:
+                stats['ref_correct'] += theirs == expected
+                stats['answer_mismatch'] += theirs != ours
+        n = stats['n']
+        stats['ours_accuracy'] = stats['ours_correct'] / n
+        if ref is not None:
+            stats['ref_accuracy'] = stats['ref_correct'] / n
+        else:
+            del stats['ref_correct'], stats['answer_mismatch'], stats['prompt_mismatch']
+        stats['seconds'] = round(time.time() - t0, 1)
+        stats['failures'] = failures
+        summary[kind] = stats
+        print(kind, json.dumps(stats), flush=True)
+    print(f'total {time.time() - t_all:.0f} s', flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    ok = all(s['ours_accuracy'] >= 0.95 and s.get('answer_mismatch', 0) == 0
+             and s['follow_up_uncached'] == 0 for s in summary.values())
+    print('PASS' if ok else 'FAIL')
+    return 0 if ok else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
