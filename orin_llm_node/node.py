@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -31,6 +32,7 @@ from rclpy.exceptions import InvalidParameterTypeException, ParameterException
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
@@ -728,13 +730,19 @@ class OrinLLMNode(Node):
 
 def main(args=None):
     """Entry point of the ``orin_llm_node`` executable."""
-    rclpy.init(args=args)
+    # Ctrl-C and SIGTERM only set a flag; the main thread polls it between short spins, so a
+    # signal can never land inside a DDS call and teardown always starts.
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     node = None
     code = 0
     try:
         node = OrinLLMNode()
         node.start()
-        rclpy.spin(node)
+        while not stop.is_set() and rclpy.ok():
+            rclpy.spin_once(node, timeout_sec=0.1)
     except ParameterError as exc:
         rclpy.logging.get_logger(NODE_NAME).fatal(str(exc))
         code = 2
@@ -743,17 +751,25 @@ def main(args=None):
     finally:
         if node is not None:
             code = code or node.exit_code
+        # Teardown is bounded: a worker stuck in one long call (e.g. still loading weights) or
+        # a middleware teardown that blocks must not keep the process alive after a signal.
+        watchdog = threading.Timer(15.0, _hard_exit, args=(code,))
+        watchdog.daemon = True
+        watchdog.start()
+        if node is not None:
             if not node.stop():
-                # The worker is stuck in one long call (e.g. still loading the weights) and
-                # would hold the interpreter: leave without waiting for it.
-                rclpy.try_shutdown()
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+                _hard_exit(code)
             code = code or node.exit_code
             node.destroy_node()
         rclpy.try_shutdown()
+        watchdog.cancel()
     return code
+
+
+def _hard_exit(code):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == '__main__':

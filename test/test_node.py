@@ -482,7 +482,8 @@ def test_single_mode_answers_each_prompt_alone(single, reference):
     # The system prompt (and the template head) is served from the prefix cache.
     single.spin_until(lambda: single.generation()[2].get('requests') == '2', 5.0, 'diagnostics')
     assert int(single.pool()[2]['prefix_hits']) > 0
-    assert single.pool()[2]['used_blocks'] == '0'
+    # Single mode drops the conversation after each answer; diagnostics may lag one period.
+    single.spin_until(lambda: single.pool()[2]['used_blocks'] == '0', 5.0, 'used_blocks 0')
 
 
 def test_max_generation_s_ends_the_answer_with_timeout(single):
