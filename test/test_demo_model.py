@@ -43,7 +43,8 @@ def test_checkpoint_is_complete_and_small():
     names = {n for n, _ in model.named_parameters()}
     assert len(names) >= len(tensor_shapes(cfg)) - 1  # lm_head is tied to the embeddings
     pre = json.loads((DEMO / 'preprocessor_config.json').read_text())
-    assert pre['size'] == {'shortest_edge': 64 * 64, 'longest_edge': 128 * 128}
+    # Every image is resized to about 160 x 160 pixels (tools/train_demo_model.py).
+    assert pre['size'] == {'shortest_edge': 160 * 160, 'longest_edge': 160 * 160}
 
 
 @pytest.mark.parametrize('kind,colour,background', [
@@ -57,18 +58,35 @@ def test_clean_single_shapes(engine, kind, colour, background):
     scene = shapes.simple_scene(kind, colour, height=160, width=200, background=background)
     conv = engine.new_conversation()
     assert ask(engine, conv, 'What colour is the shape?', scene.image).text == f'{colour}.'
+    assert ask(engine, conv, 'And what shape is it?').text == f'{kind}.'
     engine.reset(conv)
-    # Shape and count answers are not reliable yet (issue 6 open): colour only here.
+    conv = engine.new_conversation()
+    assert ask(engine, conv, 'What shape is it?', scene.image).text == f'{kind}.'
+    assert ask(engine, conv, 'How many shapes are there?').text == 'one.'
+    engine.reset(conv)
 
 
-def test_random_scenes_colour(engine):
+@pytest.mark.parametrize('count', [2, 3])
+def test_counts_separated_shapes(engine, count):
+    placed = [shapes.Shape('circle', 'red', 40, 50, 22),
+              shapes.Shape('square', 'blue', 150, 60, 22),
+              shapes.Shape('star', 'green', 95, 125, 22)][:count]
+    image = shapes.render_scene(160, 200, placed, background=(255, 255, 255))
+    conv = engine.new_conversation()
+    res = ask(engine, conv, 'How many shapes are there?', image)
+    assert res.text == shapes.COUNT_WORDS[count - 1] + '.'
+    engine.reset(conv)
+
+
+def test_random_scenes_colour_and_shape(engine):
     rng = np.random.default_rng(123)
     for _ in range(4):
         scene = shapes.random_scene(rng, num_shapes=1)
-        conv = engine.new_conversation()
-        res = ask(engine, conv, shapes.QUESTIONS['colour'][0], scene.image)
-        assert res.text == shapes.answer('colour', scene), scene.shapes
-        engine.reset(conv)
+        for kind in ('colour', 'shape'):
+            conv = engine.new_conversation()
+            res = ask(engine, conv, shapes.QUESTIONS[kind][0], scene.image)
+            assert res.text == shapes.answer(kind, scene), scene.shapes
+            engine.reset(conv)
 
 
 def test_follow_up_uses_the_previous_turn_from_the_cache(engine):

@@ -34,7 +34,7 @@ from PIL import Image, ImageDraw
 __all__ = [
     'COLOURS', 'COUNT_WORDS', 'FOLLOW_UPS', 'NO_IMAGE_ANSWER', 'QUESTIONS', 'SHAPES',
     'Scene', 'Shape', 'Turn', 'answer', 'corpus', 'draw_scene', 'random_conversation',
-    'random_scene', 'render_scene', 'simple_scene',
+    'random_scene', 'render_scene', 'shape_index_map', 'simple_scene',
 ]
 
 # Nominal RGB of each colour; every drawn shape jitters each channel by up to COLOUR_JITTER.
@@ -100,12 +100,17 @@ class Scene:
 
 @dataclass(frozen=True)
 class Turn:
-    """One user turn: question text, image (or None), the expected answer, question kind."""
+    """One user turn: question text, image (or None), the expected answer, question kind.
+
+    `scene` is the scene the turn's new image shows (None when the turn brings no image); the
+    demo model's training reads the shapes' geometry from it.
+    """
 
     question: str
     image: np.ndarray | None
     answer: str
     kind: str
+    scene: Scene | None = None
 
 
 def _polygon(shape: Shape) -> list[tuple[float, float]]:
@@ -146,6 +151,26 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
     return (a * (1 - mask) + b * mask).astype(np.float32)
 
 
+def _draw(draw: ImageDraw.ImageDraw, shape: Shape, fill) -> None:
+    if shape.kind == 'circle':
+        r = shape.radius
+        draw.ellipse([shape.cx - r, shape.cy - r, shape.cx + r, shape.cy + r], fill=fill)
+    else:
+        draw.polygon(_polygon(shape), fill=fill)
+
+
+def shape_index_map(height: int, width: int, shapes) -> np.ndarray:
+    """H x W uint8 map of which shape covers each pixel: 0 background, i + 1 for `shapes[i]`.
+
+    Drawn with the same calls as `render_scene`, so it matches the rendered pixels exactly.
+    """
+    img = Image.new('L', (width, height), 0)
+    draw = ImageDraw.Draw(img)
+    for i, s in enumerate(shapes):
+        _draw(draw, s, i + 1)
+    return np.asarray(img)
+
+
 def render_scene(height: int, width: int, shapes, background=(128, 128, 128),
                  rng: np.random.Generator | None = None, noise_std: float = 0.0) -> np.ndarray:
     """Draw `shapes` on a background and return an H x W x 3 uint8 RGB image.
@@ -163,12 +188,7 @@ def render_scene(height: int, width: int, shapes, background=(128, 128, 128),
         colour = np.asarray(COLOURS[s.colour], np.float32)
         if rng is not None:
             colour = colour + rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3)
-        fill = tuple(int(c) for c in np.clip(colour, 0, 255))
-        if s.kind == 'circle':
-            r = s.radius
-            draw.ellipse([s.cx - r, s.cy - r, s.cx + r, s.cy + r], fill=fill)
-        else:
-            draw.polygon(_polygon(s), fill=fill)
+        _draw(draw, s, tuple(int(c) for c in np.clip(colour, 0, 255)))
     out = np.asarray(img).astype(np.float32)
     if noise_std > 0:
         out += noise_std * rng.standard_normal(out.shape, dtype=np.float32)
@@ -255,7 +275,7 @@ def random_conversation(rng: np.random.Generator, max_turns: int = 3) -> list[Tu
         else:
             question = str(rng.choice(FOLLOW_UPS[kind] + QUESTIONS[kind]))
         turns.append(Turn(question, scene.image if new_image else None, answer(kind, scene),
-                          kind))
+                          kind, scene if new_image else None))
     return turns
 
 
