@@ -384,24 +384,22 @@ class OrinLLMNode(Node):
         return self.get_clock().now().nanoseconds, False
 
     def _on_image(self, msg):
-        try:
-            ros_image.check_image(msg)
-        except ros_image.ImageConversionError as exc:
-            self._reject_image('image', str(exc))
-            return
-        stamp, stamped = self._stamp_ns(msg.header)
-        with self._cond:
-            self._newest_image = PendingImage(msg, False, stamp, stamped)
+        self._accept_image(msg, compressed=False)
 
     def _on_compressed(self, msg):
+        self._accept_image(msg, compressed=True)
+
+    def _accept_image(self, msg, compressed: bool):
+        """Keep `msg` as the newest image if its header and encoding can be decoded later."""
+        check = ros_image.check_compressed if compressed else ros_image.check_image
         try:
-            ros_image.check_compressed(msg)
+            check(msg)
         except ros_image.ImageConversionError as exc:
-            self._reject_image('image/compressed', str(exc))
+            self._reject_image('image/compressed' if compressed else 'image', str(exc))
             return
         stamp, stamped = self._stamp_ns(msg.header)
         with self._cond:
-            self._newest_image = PendingImage(msg, True, stamp, stamped)
+            self._newest_image = PendingImage(msg, compressed, stamp, stamped)
 
     def _on_prompt(self, msg):
         text = msg.data

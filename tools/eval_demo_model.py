@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / 'tools'))
 
+from train_demo_model import Encoder, greedy_answer  # noqa: E402
+
 from orin_llm_node.testing import shapes  # noqa: E402
 
 DEFAULT_MODEL = REPO / 'orin_llm_node' / 'demo_model'
@@ -67,30 +69,16 @@ class Reference:
     """transformers' greedy answers on inputs it builds itself (tokenizer, template, processor)."""
 
     def __init__(self, model_dir: Path):
-        from train_demo_model import Encoder
         from transformers import Qwen3VLForConditionalGeneration
 
         self.enc = Encoder(model_dir)
         self.model = Qwen3VLForConditionalGeneration.from_pretrained(
             str(model_dir), dtype=torch.float32).eval()
 
-    @torch.no_grad()
     def answer(self, turns, answers, max_new_tokens):
         """Greedy answer to the last turn, history answers from `answers`; (text, prompt ids)."""
-        enc = self.enc
-        ids = enc.encode_text(enc.render(enc.messages(turns, None, answers),
-                                         add_generation_prompt=True))
-        images = [t.image for t in turns if t.image is not None]
-        pixels, grids = enc.images(images) if images else (None, None)
-        ids, _ = enc.expand(ids, grids if grids is not None else [])
-        x = torch.tensor([ids])
-        kwargs = {'mm_token_type_ids': (x == enc.image_id).long()}
-        if pixels is not None:
-            kwargs.update(pixel_values=pixels, image_grid_thw=grids)
-        out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                                  max_new_tokens=max_new_tokens, **kwargs)
-        gen = out[0, x.shape[1]:].tolist()
-        return enc.tok.decode(gen, skip_special_tokens=True), ids
+        return greedy_answer(self.model, self.enc, turns, answers=answers,
+                             max_new_tokens=max_new_tokens)
 
 
 def main(argv=None):

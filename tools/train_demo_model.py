@@ -46,6 +46,7 @@ from orin_llm_node.testing.tiny_checkpoint import (  # noqa: E402
     build_config,
     tensor_shapes,
     train_tokenizer,
+    write_generation_config,
     write_preprocessor_config,
     write_tokenizer_files,
 )
@@ -75,13 +76,7 @@ def write_checkpoint_files(out: Path) -> dict:
     special_ids = write_tokenizer_files(out, tokenizer)
     cfg = build_config(special_ids, tokenizer.get_vocab_size(), TEXT_CONFIG, VISION_CONFIG)
     (out / 'config.json').write_text(json.dumps(cfg, indent=2))
-    gen_cfg = {
-        'bos_token_id': special_ids['<|endoftext|>'],
-        'eos_token_id': [special_ids['<|im_end|>'], special_ids['<|endoftext|>']],
-        'pad_token_id': special_ids['<|endoftext|>'],
-        'do_sample': False,
-    }
-    (out / 'generation_config.json').write_text(json.dumps(gen_cfg, indent=2))
+    write_generation_config(out, special_ids)
     write_preprocessor_config(out, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS,
                               patch_size=PATCH)
     return cfg
@@ -278,9 +273,12 @@ def save_weights(model, cfg, out: Path):
 
 
 @torch.no_grad()
-def greedy_answer(model, enc, turns, system=None, max_new_tokens=8):
-    """Answer the last turn greedily with history answers taken from `turns` (quick check)."""
-    msgs = enc.messages(turns, system)
+def greedy_answer(model, enc, turns, system=None, answers=None, max_new_tokens=8):
+    """Greedy answer of a transformers model to the last turn: (text, prompt token ids).
+
+    History answers come from `answers`, or from `turns` when None (see `Encoder.messages`).
+    """
+    msgs = enc.messages(turns, system, answers)
     ids = enc.encode_text(enc.render(msgs, add_generation_prompt=True))
     images = [t.image for t in turns if t.image is not None]
     pixels, grids = enc.images(images) if images else (None, None)
@@ -291,7 +289,7 @@ def greedy_answer(model, enc, turns, system=None, max_new_tokens=8):
         kwargs.update(pixel_values=pixels, image_grid_thw=grids)
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                          do_sample=False, **kwargs)
-    return enc.tok.decode(out[0, x.shape[1]:].tolist(), skip_special_tokens=True)
+    return enc.tok.decode(out[0, x.shape[1]:].tolist(), skip_special_tokens=True), ids
 
 
 def quick_eval(model, enc, seed, per_kind=40):
@@ -313,7 +311,7 @@ def quick_eval(model, enc, seed, per_kind=40):
                 scene = shapes.random_scene(rng, num_shapes=None if kind == 'count' else 1)
                 turns = [shapes.Turn(shapes.QUESTIONS[kind][0], scene.image,
                                      shapes.answer(kind, scene), kind)]
-            ok += greedy_answer(model, enc, turns) == turns[-1].answer
+            ok += greedy_answer(model, enc, turns)[0] == turns[-1].answer
         acc[kind] = ok / per_kind
     model.train()
     return acc

@@ -174,6 +174,17 @@ def write_preprocessor_config(out_dir: Path, min_pixels=MIN_PIXELS, max_pixels=M
     (Path(out_dir) / 'preprocessor_config.json').write_text(json.dumps(cfg, indent=2))
 
 
+def write_generation_config(out_dir: Path, special_ids: dict) -> None:
+    """Write generation_config.json: greedy, stopping at <|im_end|> or <|endoftext|>."""
+    gen_cfg = {
+        'bos_token_id': special_ids['<|endoftext|>'],
+        'eos_token_id': [special_ids['<|im_end|>'], special_ids['<|endoftext|>']],
+        'pad_token_id': special_ids['<|endoftext|>'],
+        'do_sample': False,
+    }
+    (Path(out_dir) / 'generation_config.json').write_text(json.dumps(gen_cfg, indent=2))
+
+
 def build_config(special_ids: dict, vocab_size: int, text_config=None, vision_config=None,
                  **top_level) -> dict:
     """Return a Qwen3-VL config.json dict (transformers 5 format) with overrides applied."""
@@ -295,13 +306,7 @@ def make_tiny_checkpoint(out_dir, seed: int = 0, text_config: dict | None = None
     cfg = build_config(special_ids, tokenizer.get_vocab_size(), text_config, vision_config,
                        **top_level)
     (out / 'config.json').write_text(json.dumps(cfg, indent=2))
-    gen_cfg = {
-        'bos_token_id': special_ids['<|endoftext|>'],
-        'eos_token_id': [special_ids['<|im_end|>'], special_ids['<|endoftext|>']],
-        'pad_token_id': special_ids['<|endoftext|>'],
-        'do_sample': False,
-    }
-    (out / 'generation_config.json').write_text(json.dumps(gen_cfg, indent=2))
+    write_generation_config(out, special_ids)
     vis = cfg['vision_config']
     write_preprocessor_config(out, patch_size=vis['patch_size'],
                               temporal_patch_size=vis['temporal_patch_size'],
