@@ -134,8 +134,9 @@ PARAMETERS = (
           constraints='>= 16'),
     Param('enable_cuda_graph', True, 'capture decode steps as CUDA Graphs (CUDA only)'),
     Param('enable_prefix_cache', True, 'reuse KV blocks of shared prefixes'),
-    Param('image_max_pixels', 307200, 'resize images to at most this many pixels '
-          '(0 = checkpoint default)', _int_at_least(0), constraints='>= 0'),
+    Param('image_max_pixels', 307200, 'resize images to at most this many pixels; never '
+          "above the checkpoint's own maximum (0 = checkpoint default)", _int_at_least(0),
+          constraints='>= 0'),
     Param('image_min_pixels', 0, 'resize images to at least this many pixels '
           '(0 = checkpoint default)', _int_at_least(0), constraints='>= 0'),
     Param('image_qos_reliable', False, 'subscribe to images with reliable QoS instead of '

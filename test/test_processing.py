@@ -3,6 +3,7 @@
 """Image processor, chat template and tokenizer against transformers 5.23.0 (no mocks)."""
 
 import json
+import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -146,6 +147,20 @@ def test_from_pretrained_reads_config(tiny_ckpt, tmp_path):
                        ref(images=[Image.fromarray(img)], return_tensors="pt")["pixel_values"])
     with pytest.raises(ValueError, match="preprocessor_config.json"):
         ImageProcessor.from_pretrained(tmp_path / "missing")
+
+
+def test_capped_bounds_never_raise_the_checkpoint_maximum(tiny_ckpt):
+    proc = ImageProcessor.from_pretrained(tiny_ckpt)
+    assert (proc.min_pixels, proc.max_pixels) == (64 * 64, 256 * 256)
+    assert proc.capped() == proc
+    # The node's default cap (640x480) is above this checkpoint's maximum: the checkpoint wins.
+    assert proc.capped(max_pixels=640 * 480).target_size(480, 640) == proc.target_size(480, 640)
+    lower = proc.capped(max_pixels=128 * 128)
+    assert (lower.min_pixels, lower.max_pixels) == (64 * 64, 128 * 128)
+    assert math.prod(lower.target_size(480, 640)) <= 128 * 128
+    below_min = proc.capped(max_pixels=48 * 48)
+    assert below_min.min_pixels == below_min.max_pixels == 48 * 48
+    assert proc.capped(min_pixels=100 * 100).min_pixels == 100 * 100
 
 
 @pytest.mark.parametrize("image, reason", [

@@ -45,6 +45,8 @@ class EngineConfig:
     max_model_len: int = 8192
     enable_prefix_cache: bool = True
     enable_cuda_graph: bool = True
+    # Pixel bounds on top of the checkpoint's (ImageProcessor.capped): the maximum is a cost cap
+    # that never raises the checkpoint's own, the minimum replaces the checkpoint's.
     image_max_pixels: int | None = None
     image_min_pixels: int | None = None
     vision_cache_mb: float = 64.0

@@ -81,8 +81,8 @@ class LLMEngine:
         self.model = load_model(path, dtype=self.dtype, device=self.device).eval()
         mcfg = self.model.config
         self.tokenizer = Tokenizer.from_pretrained(path)
-        image_processor = ImageProcessor.from_pretrained(
-            path, min_pixels=config.image_min_pixels, max_pixels=config.image_max_pixels
+        image_processor = ImageProcessor.from_pretrained(path).capped(
+            max_pixels=config.image_max_pixels, min_pixels=config.image_min_pixels
         )
         self.prompts = PromptBuilder(
             ChatTemplate.from_pretrained(path), self.tokenizer, image_processor,

@@ -10,7 +10,7 @@ duplicated to ``temporal_patch_size`` frames and cut into patches ordered
 ``(C, T, py, px)``.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import json
 import math
 from pathlib import Path
@@ -154,6 +154,20 @@ class ImageProcessor:
             "resample": int(cfg.get("resample", defaults.resample)),
         }
         return cls(**kwargs)
+
+    def capped(self, max_pixels: int | None = None,
+               min_pixels: int | None = None) -> "ImageProcessor":
+        """
+        A copy with a deployment's pixel bounds applied on top of the checkpoint's.
+
+        ``max_pixels`` is a cost cap: it lowers the checkpoint's maximum but never raises it (a
+        model trained at a fixed resolution, such as the embedded demo checkpoint, must not be
+        fed images many times larger than it has seen). ``min_pixels`` replaces the minimum;
+        the minimum is then lowered to the maximum where it would exceed it. None keeps a bound.
+        """
+        hi = self.max_pixels if max_pixels is None else min(int(max_pixels), self.max_pixels)
+        lo = self.min_pixels if min_pixels is None else int(min_pixels)
+        return replace(self, min_pixels=min(lo, hi), max_pixels=hi)
 
     def target_size(self, height: int, width: int) -> tuple[int, int]:
         """Return the ``(height, width)`` an image of this size is resized to."""
