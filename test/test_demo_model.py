@@ -124,3 +124,17 @@ def test_answers_equal_transformers_greedy(engine):
                              image_grid_thw=pix['image_grid_thw'],
                              mm_token_type_ids=(ids == image_id).long())
     assert out[0, ids.shape[1]:].tolist() == res.token_ids
+
+
+def test_camera_sized_frame_is_seen_at_the_trained_resolution():
+    """The node's default cap (640x480) must not enlarge images past the checkpoint's maximum."""
+    eng = LLMEngine(EngineConfig(model_path=DEMO, device='cpu', dtype='float32',
+                                 enable_cuda_graph=False, image_max_pixels=640 * 480))
+    scene = shapes.simple_scene('triangle', 'orange', height=480, width=640,
+                                background=(90, 90, 90))
+    conv = eng.new_conversation()
+    assert ask(eng, conv, 'What colour is the shape?', scene.image).text == 'orange.'
+    assert ask(eng, conv, 'And what shape is it?').text == 'triangle.'
+    assert ask(eng, conv, 'And how many shapes are there?').text == 'one.'
+    # 640x480 is resized to about 160x160: 5 x 4 merged cells, not ~300 image tokens.
+    assert eng.prompts.image_processor.num_tokens(480, 640) <= 30

@@ -253,19 +253,27 @@ def answer(kind: str, scene: Scene | None) -> str:
     return (scene.shapes[0].colour if kind == 'colour' else scene.shapes[0].kind) + '.'
 
 
-def random_conversation(rng: np.random.Generator, max_turns: int = 3) -> list[Turn]:
+def random_conversation(rng: np.random.Generator, max_turns: int = 3,
+                        mix=NEW_IMAGE_MIX, count_shapes=None) -> list[Turn]:
     """A random training/eval conversation: questions, new images, follow-ups.
 
     The first turn carries an image (rarely none); later turns either ask a follow-up about the
-    latest image or bring a new image with a fresh question.
+    latest image or bring a new image with a fresh question. `mix` gives the probabilities of a
+    colour, shape and count question on a new image; `count_shapes` those of 1, 2 and 3 shapes
+    in the image of a count question (None: uniform).
     """
     turns: list[Turn] = []
     scene = None
     for i in range(int(rng.integers(1, max_turns + 1))):
         new_image = (i == 0 and rng.random() > 0.03) or (i > 0 and rng.random() < 0.3)
         if new_image:
-            kind = str(rng.choice(['colour', 'shape', 'count'], p=NEW_IMAGE_MIX))
-            scene = random_scene(rng, num_shapes=None if kind == 'count' else 1)
+            kind = str(rng.choice(['colour', 'shape', 'count'], p=mix))
+            if kind != 'count':
+                scene = random_scene(rng, num_shapes=1)
+            elif count_shapes is None:
+                scene = random_scene(rng)
+            else:
+                scene = random_scene(rng, num_shapes=int(rng.choice([1, 2, 3], p=count_shapes)))
         else:
             allowed = ['count'] if scene is not None and len(scene.shapes) > 1 else [
                 'colour', 'shape', 'count']
