@@ -48,7 +48,7 @@ def make_item(kind: str, index: int) -> list[shapes.Turn]:
 
     def turn(question_kind, scene, image=True, follow=False):
         q = (shapes.FOLLOW_UPS if follow else shapes.QUESTIONS)[question_kind][0]
-        return shapes.Turn(q, scene.image if image else None,
+        return shapes.Turn(q, scene if image else None,
                            shapes.answer(question_kind, scene), question_kind)
 
     if kind in ('colour', 'shape', 'count'):

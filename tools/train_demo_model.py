@@ -41,7 +41,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orin_llm_node.testing import shapes  # noqa: E402
-from orin_llm_node.testing.shapes import shape_index_map  # noqa: E402
 from orin_llm_node.testing.tiny_checkpoint import (  # noqa: E402
     build_config,
     tensor_shapes,
@@ -153,14 +152,18 @@ class Encoder:
             if ids[s:s + len(target)] != target:
                 raise RuntimeError(f'answer {t.answer!r} is not where the template put it')
             labels[s:s + len(target)] = target
-        images = [t.image for t in turns if t.image is not None]
-        pixels, grids = self.images(images) if images else (None, None)
+        pixels, grids, aux = self.scene_inputs([t.scene for t in turns if t.scene is not None])
         ids, labels = self.expand(ids, grids if grids is not None else [], labels)
-        scenes = [t.scene for t in turns if t.image is not None]
-        aux = (np.concatenate([cell_targets(sc, g, self.proc.merge_size)
-                               for sc, g in zip(scenes, grids, strict=True)])
-               if images else np.zeros((0, 3), np.int64))
         return ids, labels, pixels, grids, aux
+
+    def scene_inputs(self, scenes):
+        """Pixel patches, grids and auxiliary targets (`cell_targets`) of a list of scenes."""
+        if not scenes:
+            return None, None, np.zeros((0, 3), np.int64)
+        pixels, grids = self.images([s.image for s in scenes])
+        aux = np.concatenate([cell_targets(s, g, self.proc.merge_size)
+                              for s, g in zip(scenes, grids, strict=True)])
+        return pixels, grids, aux
 
 
 # Auxiliary vision targets. Every image token (one merged 2 x 2 patch cell) is classified by a
@@ -178,7 +181,7 @@ def cell_targets(scene, grid, merge: int) -> np.ndarray:
     _, gh, gw = (int(v) for v in grid)
     ch, cw = gh // merge, gw // merge
     height, width = scene.image.shape[:2]
-    index = shape_index_map(height, width, scene.shapes).astype(np.int64)
+    index = shapes.shape_index_map(height, width, scene.shapes).astype(np.int64)
     # Cell of every original pixel (the processor resizes the whole image onto the grid).
     cy = (np.arange(height) * ch) // height
     cx = (np.arange(width) * cw) // width
@@ -249,16 +252,14 @@ TRAIN_COUNT_SHAPES = (0.2, 0.4, 0.4)
 
 def vision_batch(enc, rng, size):
     """Pixels, grids and auxiliary targets of `size` random scenes (vision warm-up)."""
-    scenes = [shapes.random_scene(rng) for _ in range(size)]
-    pixels, grids = enc.images([s.image for s in scenes])
-    targets = np.concatenate([cell_targets(s, g, enc.proc.merge_size)
-                              for s, g in zip(scenes, grids, strict=True)])
+    pixels, grids, targets = enc.scene_inputs([shapes.random_scene(rng) for _ in range(size)])
     return pixels, grids, torch.from_numpy(targets)
 
 
-def random_example(enc, rng, mix=TRAIN_MIX, count_shapes=TRAIN_COUNT_SHAPES):
+def random_example(enc, rng):
     """One random training conversation (up to 4 turns: several questions per image), encoded."""
-    turns = shapes.random_conversation(rng, max_turns=4, mix=mix, count_shapes=count_shapes)
+    turns = shapes.random_conversation(rng, max_turns=4, mix=TRAIN_MIX,
+                                       count_shapes=TRAIN_COUNT_SHAPES)
     system = None
     if rng.random() < 0.3:
         system = str(rng.choice(shapes.SYSTEM_PROMPTS))
@@ -310,13 +311,13 @@ def quick_eval(model, enc, seed, per_kind=40):
             if kind == 'follow_up':
                 scene = shapes.random_scene(rng, num_shapes=1)
                 first, second = ('shape', 'colour') if rng.random() < 0.5 else ('colour', 'shape')
-                turns = [shapes.Turn(shapes.QUESTIONS[first][0], scene.image,
+                turns = [shapes.Turn(shapes.QUESTIONS[first][0], scene,
                                      shapes.answer(first, scene), first),
                          shapes.Turn(shapes.FOLLOW_UPS[second][0], None,
                                      shapes.answer(second, scene), second)]
             else:
                 scene = shapes.random_scene(rng, num_shapes=None if kind == 'count' else 1)
-                turns = [shapes.Turn(shapes.QUESTIONS[kind][0], scene.image,
+                turns = [shapes.Turn(shapes.QUESTIONS[kind][0], scene,
                                      shapes.answer(kind, scene), kind)]
             ok += greedy_answer(model, enc, turns)[0] == turns[-1].answer
         acc[kind] = ok / per_kind

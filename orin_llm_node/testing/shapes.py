@@ -100,17 +100,21 @@ class Scene:
 
 @dataclass(frozen=True)
 class Turn:
-    """One user turn: question text, image (or None), the expected answer, question kind.
+    """One user turn: question, the scene its new image shows, expected answer, question kind.
 
-    `scene` is the scene the turn's new image shows (None when the turn brings no image); the
-    demo model's training reads the shapes' geometry from it.
+    `scene` is None when the turn brings no image (a follow-up); the demo model's training reads
+    the shapes' geometry from it.
     """
 
     question: str
-    image: np.ndarray | None
+    scene: Scene | None
     answer: str
     kind: str
-    scene: Scene | None = None
+
+    @property
+    def image(self) -> np.ndarray | None:
+        """The RGB image the turn brings (None: a follow-up about an earlier image)."""
+        return None if self.scene is None else self.scene.image
 
 
 def _polygon(shape: Shape) -> list[tuple[float, float]]:
@@ -282,8 +286,7 @@ def random_conversation(rng: np.random.Generator, max_turns: int = 3,
             question = str(rng.choice(QUESTIONS[kind]))
         else:
             question = str(rng.choice(FOLLOW_UPS[kind] + QUESTIONS[kind]))
-        turns.append(Turn(question, scene.image if new_image else None, answer(kind, scene),
-                          kind, scene if new_image else None))
+        turns.append(Turn(question, scene if new_image else None, answer(kind, scene), kind))
     return turns
 
 
