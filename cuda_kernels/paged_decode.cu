@@ -5,13 +5,15 @@
 //
 // paged_decode_split: grid (num_kv_heads * chunks, rows, num_splits), block (NUM_THREADS).
 //   One CTA serves one KV head and up to MAX_GROUP of its query heads (GQA: K/V are read once
-//   for the whole group; chunks = ceil(group_size / MAX_GROUP)), one row, one split. The
-//   context is cut into partitions of PARTITION_SIZE tokens; split s handles partitions
-//   s, s + num_splits, ... with an online softmax across them, and writes an unnormalised
-//   partial result (acc, running max, running sum) for the reduce kernel. Splits with no
-//   partition return at once, so a grid sized for max_model_len at capture time costs almost
-//   nothing on short contexts, and any context length stays correct whatever the grid.
-//   Context length and block-table row come from device memory (graph-safe); shared memory
+//   for the whole group; chunks = ceil(group_size / MAX_GROUP)), one row, one split. The grid
+//   is fixed when a graph is captured (num_splits sized for max_model_len and the SM count);
+//   the work is spread from the context length read from device memory at run time: the
+//   context is cut into decode_splits(ctx) contiguous ranges of equal size (at least
+//   SPLIT_MIN_TOKENS tokens each, at most num_splits ranges), so a 128-token context keeps
+//   8x as many CTAs busy as one 256-token partition per head would, and a 32k context uses
+//   the whole grid. Splits past the used ones return at once. A range is walked in passes
+//   of PARTITION_SIZE tokens with an online softmax, and each split writes an unnormalised
+//   partial result (acc, running max, running sum) for the reduce kernel. Shared memory
 //   depends only on compile-time constants, never on the context length.
 // paged_decode_reduce: grid (num_q_heads, rows), block (HEAD_DIM). Combines the splits in
 //   index order (deterministic: graph replay and eager decode give identical bits).
@@ -26,6 +28,18 @@
 #include "common.cuh"
 
 #define NUM_TOKEN_GROUPS (NUM_THREADS / THREADS_PER_TOKEN)
+
+// Tokens per split for a context of ctx tokens on a grid of num_splits splits (the split and
+// reduce kernels must agree). Every used split starts inside the context.
+__device__ __forceinline__ int decode_split_tokens(int ctx, int num_splits) {
+  const int wanted = min(num_splits, (ctx + SPLIT_MIN_TOKENS - 1) / SPLIT_MIN_TOKENS);
+  return wanted > 0 ? (ctx + wanted - 1) / wanted : 1;
+}
+
+__device__ __forceinline__ int decode_splits(int ctx, int num_splits) {
+  const int per = decode_split_tokens(ctx, num_splits);
+  return (ctx + per - 1) / per;
+}
 
 static_assert((NUM_TOKEN_GROUPS & (NUM_TOKEN_GROUPS - 1)) == 0, "tree reduction needs 2^k");
 static_assert(PARTITION_SIZE % NUM_TOKEN_GROUPS == 0, "partition must fill all token groups");
@@ -48,8 +62,10 @@ paged_decode_split(float* __restrict__ part_acc, float* __restrict__ part_ml,
   const int num_q_heads = num_kv_heads * group_size;
 
   const int ctx = context_lens[row];
-  const int num_parts = (ctx + PARTITION_SIZE - 1) / PARTITION_SIZE;
-  if (split >= num_parts) return;  // empty split (uniform over the CTA)
+  if (split >= decode_splits(ctx, num_splits)) return;  // unused split (uniform over the CTA)
+  const int per_split = decode_split_tokens(ctx, num_splits);
+  const int begin = split * per_split;
+  const int end = min(ctx, begin + per_split);
 
   __shared__ __align__(16) float s_q[MAX_GROUP][HEAD_DIM];
   __shared__ float s_p[MAX_GROUP][PARTITION_SIZE];  // logits, then probabilities
@@ -92,9 +108,8 @@ paged_decode_split(float* __restrict__ part_acc, float* __restrict__ part_ml,
   const long long kv_head_off = (long long)kv_head * HEAD_DIM + dim0;
   const long long slot_stride = (long long)num_kv_heads * HEAD_DIM;
 
-  for (int part = split; part < num_parts; part += num_splits) {
-    const int start = part * PARTITION_SIZE;
-    const int n = min(PARTITION_SIZE, ctx - start);
+  for (int start = begin; start < end; start += PARTITION_SIZE) {
+    const int n = min(PARTITION_SIZE, end - start);
 
     // Phase 1: logits q.k for every token of the partition. The trip count is the same for
     // every lane (masked loads), so the full-warp shuffles below are legal.
@@ -230,7 +245,7 @@ paged_decode_reduce(scalar_t* __restrict__ out, const float* __restrict__ part_a
   const int row = blockIdx.y;
   const int d = threadIdx.x;
   const int ctx = context_lens[row];
-  const int n = min(num_splits, (ctx + PARTITION_SIZE - 1) / PARTITION_SIZE);
+  const int n = decode_splits(ctx, num_splits);
   scalar_t* o = out + (long long)row * out_row_stride + (long long)qh * HEAD_DIM + d;
   if (n <= 0) {
     *o = from_float(0.f);
