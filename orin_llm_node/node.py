@@ -675,6 +675,7 @@ class OrinLLMNode(Node):
             return None
 
     def _answer(self, request):
+        from orin_llm_node.engine import FinishReason
         self.info.requests += 1
         rgb = self._decode_image(request.image) if request.image is not None else None
         images = [rgb] if rgb is not None else []
@@ -716,7 +717,7 @@ class OrinLLMNode(Node):
             + (f', {result.dropped_turns} old turn(s) dropped' if result.dropped_turns else '')
             + ')')
         # rclpy loggers insist on one severity per call site: two calls, not one variable.
-        if finish in ('kv_exhausted', 'context_full', 'timeout'):
+        if finish in FinishReason.LIMITS:
             self.get_logger().warning(summary)
         else:
             self.get_logger().info(summary)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from orin_llm_node.engine import BlockPool, EngineConfig, SamplingParams
-from orin_llm_node.engine.block_pool import block_hash
+from orin_llm_node.engine.block_hash import block_hash, extra_keys
 from orin_llm_node.engine.detokenizer import IncrementalDetokenizer
+from orin_llm_node.engine.kv_manager import drop_levels
 from orin_llm_node.engine.sampler import Sampler
-from orin_llm_node.engine.scheduler import drop_levels, extra_keys
 from orin_llm_node.engine.vision_cache import VisionCache
 from orin_llm_node.models import VisionOutput
 from orin_llm_node.processing import Tokenizer

@@ -5,14 +5,15 @@
 from orin_llm_node.engine.block_pool import BlockPool, PoolStats
 from orin_llm_node.engine.config import EngineConfig, SamplingParams
 from orin_llm_node.engine.conversation import Conversation
-from orin_llm_node.engine.llm_engine import FINISH_REASONS, ChatResult, LLMEngine, StreamEvent
+from orin_llm_node.engine.finish_reason import FinishReason
+from orin_llm_node.engine.llm_engine import ChatResult, LLMEngine, StreamEvent
 
 __all__ = [
-    "FINISH_REASONS",
     "BlockPool",
     "ChatResult",
     "Conversation",
     "EngineConfig",
+    "FinishReason",
     "LLMEngine",
     "PoolStats",
     "SamplingParams",

@@ -12,26 +12,7 @@ so allocation evicts the least recently released cached block only when nothing 
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-import hashlib
 import random
-
-import numpy as np
-
-
-def block_hash(parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> bytes:
-    """Chained hash of one full block: H(parent hash, token ids, extra keys).
-
-    ``extra_keys`` names every image overlapping the block as (image content hash, offset of
-    the image's first token relative to the block's first token), so two different images with
-    identical placeholder ids never share a block.
-    """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"\0" * 16)
-    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
-    for key, offset in extra_keys:
-        h.update(key)
-        h.update(int(offset).to_bytes(8, "little", signed=True))
-    return h.digest()
 
 
 @dataclass(frozen=True)

@@ -15,23 +15,21 @@ import numpy as np
 import torch
 
 from orin_llm_node.models import VisionOutput, load_model
-from orin_llm_node.processing import ChatTemplate, ImageProcessor, Tokenizer
+from orin_llm_node.processing import ChatTemplate, ImageProcessor, PromptBuilder, Tokenizer
 
 from .block_pool import BlockPool, PoolStats
 from .config import EngineConfig, SamplingParams
-from .conversation import Conversation, PromptBuilder
+from .conversation import Conversation
 from .detokenizer import IncrementalDetokenizer
+from .finish_reason import FinishReason
+from .kv_manager import KVCacheManager
 from .model_runner import ModelRunner, plan_num_blocks
 from .sampler import Sampler
-from .scheduler import CONTEXT_FULL, OK, Scheduler
 from .vision_cache import VisionCache
 
 __all__ = ["ChatResult", "LLMEngine", "StreamEvent"]
 
 log = logging.getLogger(__name__)
-
-FINISH_REASONS = ("stop", "length", "kv_exhausted", "context_full", "cancelled", "timeout")
-
 
 @dataclass
 class ChatResult:
@@ -64,11 +62,6 @@ class StreamEvent:
     token_id: int | None = None
     result: ChatResult | None = None
 
-    @property
-    def finished(self) -> bool:
-        """True on the last event of a turn."""
-        return self.result is not None
-
 
 class LLMEngine:
     """Qwen3-VL on a paged KV cache with a prefix cache across turns."""
@@ -94,7 +87,7 @@ class LLMEngine:
                                   enable_cuda_graph=config.enable_cuda_graph)
         self.pool = BlockPool(num_blocks, config.block_size, self.runner.bytes_per_block,
                               config.block_order_seed)
-        self.scheduler = Scheduler(self.pool, config.max_model_len, config.enable_prefix_cache)
+        self.kv = KVCacheManager(self.pool, config.max_model_len, config.enable_prefix_cache)
         self.vision_cache = VisionCache(int(config.vision_cache_mb * 2**20))
         self._banned = {mcfg.image_token_id, mcfg.video_token_id,
                         mcfg.vision_start_token_id, mcfg.vision_end_token_id}
@@ -112,23 +105,13 @@ class LLMEngine:
     # ---- public API ------------------------------------------------------------------------
 
     @property
-    def block_size(self) -> int:
-        """Tokens per KV block."""
-        return self.pool.block_size
-
-    @property
     def uses_cuda_graph(self) -> bool:
         """Whether decode steps replay a captured CUDA graph (not merely enabled)."""
         return self.runner.cuda_graph_active
 
-    @property
-    def bytes_per_block(self) -> int:
-        """Bytes of one KV block over all layers."""
-        return self.runner.bytes_per_block
-
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
         """Start a conversation; the system prompt's blocks are shared through the cache."""
-        return Conversation(system_prompt, self.prompts.system_segment(system_prompt))
+        return Conversation(system_prompt, self.prompts.system_piece(system_prompt))
 
     def cancel(self) -> None:
         """Stop the generation in progress at its next step (thread-safe)."""
@@ -141,7 +124,7 @@ class LLMEngine:
         """
         convs = list(self._conversations.values()) if conv is None else [conv]
         for c in convs:
-            self.scheduler.release(c)
+            self.kv.release(c)
             c.reset()
             self._conversations.pop(c.id, None)
 
@@ -170,17 +153,17 @@ class LLMEngine:
         sampling = sampling or SamplingParams()
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
-        turn = self.prompts.user_turn(conv, text, list(images or []))
-        plan = self.scheduler.plan(conv, turn, sampling.max_tokens)
-        if plan.status != OK:
+        turn = self.prompts.user_turn(conv.messages(), text, list(images or []))
+        plan = self.kv.plan(conv, turn, sampling.max_tokens)
+        if plan.refused:
             yield StreamEvent("", result=self._refused(conv, turn, plan))
             return
         dropped = plan.drop
-        cached = self.scheduler.commit(conv, turn, plan)
+        cached = self.kv.commit(conv, turn, plan)
         self._conversations[conv.id] = conv
         state = _TurnState(t0, cached, dropped)
         try:
-            yield from self._generate(conv, sampling, state)
+            yield from self._generate(conv, sampling, state, turn.pixel_values)
         finally:
             self._close_turn(conv, turn, state)
         yield StreamEvent(state.tail, result=state.result)
@@ -188,10 +171,8 @@ class LLMEngine:
     # ---- internals -------------------------------------------------------------------------
 
     def _refused(self, conv, turn, plan) -> ChatResult:
-        if plan.status == CONTEXT_FULL:
-            reason = "context_full"
-        else:
-            reason = "kv_exhausted"
+        reason = plan.refused
+        if reason == FinishReason.KV_EXHAUSTED:
             self.pool.rejected_prompts += 1
             self.pool.exhaustion_events += 1
         log.warning("prompt not run (%s): %s", reason, plan.reason)
@@ -199,9 +180,10 @@ class LLMEngine:
         return ChatResult("", [], conv.token_ids + turn.token_ids, [img.rgb for _, img in spans],
                           reason, error=plan.reason)
 
-    def _vision_rows(self, spans, start: int) -> tuple[VisionOutput | None, float]:
+    def _vision_rows(self, spans, start: int, fresh) -> tuple[VisionOutput | None, float]:
         # Vision rows of every image pad at or after token index ``start``, in order. A prefix
-        # hit may end inside an image: its uncached tokens still need their rows.
+        # hit may end inside an image: its uncached tokens still need their rows. ``fresh``:
+        # the new turn's pixel patches by image key; older images are preprocessed again.
         parts, t0 = [], time.perf_counter()
         for s, img in spans:
             if s + img.num_tokens <= start:
@@ -209,9 +191,9 @@ class LLMEngine:
             key = (img.key, img.grid_thw)
             out = self.vision_cache.get(key)
             if out is None:
-                pixels = img.pixel_values
+                pixels = fresh.get(img.key)
                 if pixels is None:
-                    pixels = self.prompts.image_processor.preprocess(img.rgb).pixel_values
+                    pixels = self.prompts.pixel_values(img)
                 out = self.runner.encode_image(pixels, img.grid_thw)
                 self.vision_cache.put(key, out)
             lo = max(0, start - s)
@@ -228,8 +210,9 @@ class LLMEngine:
             torch.cuda.synchronize(self.device)
         return parts[0], time.perf_counter() - t0
 
-    def _generate(self, conv: Conversation, sampling: SamplingParams, state: "_TurnState"):
-        sched, runner = self.scheduler, self.runner
+    def _generate(self, conv: Conversation, sampling: SamplingParams, state: "_TurnState",
+                  pixels):
+        sched, runner = self.kv, self.runner
         prompt = list(conv.token_ids)
         spans = conv.image_spans()
         state.prompt_ids = prompt
@@ -237,11 +220,9 @@ class LLMEngine:
         positions, next_pos = self.prompts.positions(prompt, spans)
         deadline = None if sampling.timeout_s is None else state.t0 + sampling.timeout_s
         if self._cancel.is_set():
-            state.finish = "cancelled"
+            state.finish = FinishReason.CANCELLED
             return
-        visual, state.vision_s = self._vision_rows(spans, state.cached)
-        for _, img in spans:
-            img.pixel_values = None  # the vision cache or the rgb array serve re-prefills
+        visual, state.vision_s = self._vision_rows(spans, state.cached, pixels)
         logits = runner.prefill(prompt[state.cached:], positions[:, state.cached:],
                                 conv.block_table, state.cached, visual)
         sched.kv_written(conv, len(prompt))
@@ -259,28 +240,28 @@ class LLMEngine:
             conv.token_ids.append(token)
             conv.segments[-1].token_ids.append(token)
             if token in eos:
-                state.finish = "stop"
+                state.finish = FinishReason.STOP
                 return
             delta = detok.add(token)
             yield StreamEvent(delta, token)
             if len(gen) >= sampling.max_tokens:
-                state.finish = "length"
+                state.finish = FinishReason.LENGTH
                 return
             if len(conv.token_ids) >= self.config.max_model_len:
-                state.finish = "context_full"
+                state.finish = FinishReason.CONTEXT_FULL
                 return
             if self._cancel.is_set():
-                state.finish = "cancelled"
+                state.finish = FinishReason.CANCELLED
                 return
             if deadline is not None and time.perf_counter() >= deadline:
-                state.finish = "timeout"
+                state.finish = FinishReason.TIMEOUT
                 return
             context = len(conv.token_ids)
             if not sched.reserve(conv, context):
                 self.pool.truncated_generations += 1
                 self.pool.exhaustion_events += 1
                 log.warning("KV pool exhausted: answer truncated after %d tokens", len(gen))
-                state.finish = "kv_exhausted"
+                state.finish = FinishReason.KV_EXHAUSTED
                 return
             logits = runner.decode(token, next_pos + len(gen) - 1, conv.block_table, context)
             sched.kv_written(conv, context)
@@ -288,7 +269,7 @@ class LLMEngine:
     def _close_turn(self, conv: Conversation, turn, state: "_TurnState") -> None:
         # Runs whatever ended the turn (finish, error, a closed stream): the history stays a
         # valid conversation, closed with <|im_end|>.
-        state.finish = state.finish or "cancelled"
+        state.finish = state.finish or FinishReason.CANCELLED
         state.tail = state.detok.flush() if state.detok else ""
         text = state.detok.text if state.detok else ""
         im_end = self.tokenizer.im_end_id
@@ -297,7 +278,7 @@ class LLMEngine:
             turn.token_ids.append(im_end)
         turn.messages.append({"role": "assistant", "content": text})
         if not self.config.enable_prefix_cache:
-            self.scheduler.release(conv)
+            self.kv.release(conv)
             self._conversations.pop(conv.id, None)
         gen = state.token_ids
         decode_s = state.t_last - state.t_first

@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Admission and KV bookkeeping for the one active generation, and the exhaustion ladder.
+"""The KV cache manager: admits turns, keeps each conversation's KV books, walks the ladder.
 
 Before a turn runs, ``plan`` decides (without changing anything) how much of the oldest history
 must go and which blocks the prompt reuses; ``commit`` applies it. The ladder, never a crash:
@@ -17,17 +17,23 @@ Each step is counted in the pool's counters.
 from dataclasses import dataclass, field
 import math
 
-from .block_pool import BlockPool, block_hash
-from .conversation import Conversation, Segment, spans_of
+from orin_llm_node.processing import PromptPiece
 
-OK, CONTEXT_FULL, REJECTED = "ok", "context_full", "rejected"
+from .block_hash import chained_hashes
+from .block_pool import BlockPool
+from .conversation import Conversation, spans_of
+from .finish_reason import FinishReason
 
 
 @dataclass
 class TurnPlan:
-    """What admitting a turn takes: turns to drop, prefix blocks to reuse, or why it cannot run."""
+    """What admitting a turn takes: turns to drop, prefix blocks to reuse, or why it cannot run.
 
-    status: str
+    ``refused``: None when the turn can run, else the finish reason of the refusal
+    (``context_full`` or ``kv_exhausted``) with ``reason`` saying why.
+    """
+
+    refused: str | None = None
     prompt_len: int = 0
     drop: int = 0
     pool_drop: bool = False  # the drop was forced by the pool, not by max_model_len
@@ -47,14 +53,7 @@ def drop_levels(num_turns: int) -> list[int]:
     return levels
 
 
-def extra_keys(spans, start: int, end: int) -> tuple:
-    """(image key, image start - block start) of every image overlapping tokens [start, end)."""
-    return tuple(
-        (img.key, s - start) for s, img in spans if s < end and s + img.num_tokens > start
-    )
-
-
-class Scheduler:
+class KVCacheManager:
     """Applies the admission policy to one conversation at a time over a ``BlockPool``."""
 
     def __init__(self, pool: BlockPool, max_model_len: int, enable_prefix_cache: bool = True):
@@ -70,24 +69,21 @@ class Scheduler:
 
     def _lookup(self, tokens: list[int], spans, prompt_len: int):
         """Longest run of cached full blocks of a prompt (never covering its last token)."""
-        hits, hashes, parent = [], [], None
+        hits, hashes = [], []
         if not self.enable_prefix_cache:
             return hits, hashes
-        bs = self.block_size
-        for i in range((prompt_len - 1) // bs):
-            parent = block_hash(parent, tokens[i * bs:(i + 1) * bs],
-                                extra_keys(spans, i * bs, (i + 1) * bs))
-            block = self.pool.lookup(parent)
+        for h in chained_hashes(tokens[:prompt_len - 1], spans, self.block_size, 0, None):
+            block = self.pool.lookup(h)
             if block is None:
                 break
             hits.append(block)
-            hashes.append(parent)
+            hashes.append(h)
         return hits, hashes
 
-    def _evaluate(self, conv: Conversation, drop: int, turn: Segment, max_tokens: int):
+    def _evaluate(self, conv: Conversation, drop: int, turn: PromptPiece, max_tokens: int):
         segments = [conv.segments[0], *conv.segments[1 + drop:], turn]
         tokens = [t for seg in segments for t in seg.token_ids]
-        plan = TurnPlan(OK, prompt_len=len(tokens), drop=drop)
+        plan = TurnPlan(prompt_len=len(tokens), drop=drop)
         if drop == 0 and conv.block_table:
             plan.keep_kv = True
             held, available = len(conv.block_table), self.pool.num_available
@@ -102,12 +98,12 @@ class Scheduler:
         need_full = self._blocks(len(tokens) + answer - 1) - held
         return plan, need_prompt <= available, need_full <= available
 
-    def plan(self, conv: Conversation, turn: Segment, max_tokens: int) -> TurnPlan:
+    def plan(self, conv: Conversation, turn: PromptPiece, max_tokens: int) -> TurnPlan:
         """Decide how to admit ``turn`` into ``conv`` (changes nothing)."""
         newest = len(conv.segments[0].token_ids) + len(turn.token_ids)
         if newest >= self.max_model_len:
             return TurnPlan(
-                CONTEXT_FULL, prompt_len=newest,
+                FinishReason.CONTEXT_FULL, prompt_len=newest,
                 reason=f"the prompt alone takes {newest} tokens; max_model_len is "
                        f"{self.max_model_len}",
             )
@@ -133,7 +129,7 @@ class Scheduler:
             plan.may_truncate = True
             return plan
         return TurnPlan(
-            REJECTED, prompt_len=plan.prompt_len,
+            FinishReason.KV_EXHAUSTED, prompt_len=plan.prompt_len,
             reason=f"KV pool exhausted: the prompt needs {self._blocks(plan.prompt_len)} blocks "
                    f"of {self.block_size} tokens, {self.pool.num_available} are available "
                    f"of {self.pool.num_blocks}",
@@ -141,8 +137,8 @@ class Scheduler:
 
     # ---- applying --------------------------------------------------------------------------
 
-    def commit(self, conv: Conversation, turn: Segment, plan: TurnPlan) -> int:
-        """Apply an OK plan: drop turns, reuse the prefix, allocate the prompt's blocks.
+    def commit(self, conv: Conversation, turn: PromptPiece, plan: TurnPlan) -> int:
+        """Apply a plan that was not refused: drop turns, reuse the prefix, allocate blocks.
 
         Returns the number of prompt tokens whose K/V are already cached.
         """
@@ -186,14 +182,10 @@ class Scheduler:
         full = num_kv_tokens // bs
         if len(conv.block_hashes) >= full:
             return
-        spans = conv.image_spans()
-        tokens = conv.token_ids
-        while len(conv.block_hashes) < full:
-            i = len(conv.block_hashes)
-            parent = conv.block_hashes[-1] if i else None
-            h = block_hash(parent, tokens[i * bs:(i + 1) * bs],
-                           extra_keys(spans, i * bs, (i + 1) * bs))
-            self.pool.register(conv.block_table[i], h)
+        start = len(conv.block_hashes)
+        parent = conv.block_hashes[-1] if start else None
+        for h in chained_hashes(conv.token_ids[:full * bs], conv.image_spans(), bs, start, parent):
+            self.pool.register(conv.block_table[len(conv.block_hashes)], h)
             conv.block_hashes.append(h)
 
     def release(self, conv: Conversation) -> None:
