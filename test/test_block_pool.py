@@ -21,9 +21,9 @@ from orin_llm_node.processing import Tokenizer
 
 
 def counts(pool):
-    s = pool.stats()
-    assert s.free_blocks + s.cached_blocks + s.used_blocks == s.total_blocks
-    return s.free_blocks, s.cached_blocks, s.used_blocks
+    free, cached, used = pool.num_free, pool.num_cached, pool.num_used
+    assert free + cached + used == pool.num_blocks
+    return free, cached, used
 
 
 def test_allocate_release_counts_and_exhaustion():

@@ -1,10 +1,14 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Conversation state: token history in segments (system prompt, turns), image spans, KV blocks.
+"""A conversation: one token history (system prompt, then turns), its images and messages.
 
-How a turn's tokens are built from the chat template: ``orin_llm_node.processing.prompt``.
+The history changes only through the conversation's methods (open a turn, append a generated
+token, close the turn, drop the oldest turns). How a turn's tokens are built from the chat
+template: ``orin_llm_node.processing.prompt``. The KV blocks holding the history are the KV
+cache manager's books (``KVBlocks``); the conversation only reads them.
 """
 
+from dataclasses import dataclass
 import itertools
 
 from orin_llm_node.processing import ImageRef, PromptPiece
@@ -12,55 +16,110 @@ from orin_llm_node.processing import ImageRef, PromptPiece
 _ids = itertools.count()
 
 
-class Conversation:
-    """One chat's history and the KV blocks holding it (owned by an ``LLMEngine``)."""
+@dataclass
+class _Segment:
+    # A run of the history (the system prompt, or one turn with its answer): its messages, its
+    # length in tokens and its images at offsets relative to the run's first token.
+    messages: list[dict]
+    num_tokens: int
+    images: list[tuple[int, ImageRef]]
 
-    def __init__(self, system_prompt: str | None, system: PromptPiece | None):
+
+class Conversation:
+    """One chat's history, made by ``LLMEngine.new_conversation``."""
+
+    def __init__(self, system: PromptPiece, kv):
         self.id = next(_ids)
-        self.system_prompt = system_prompt
-        self.segments: list[PromptPiece] = [system or PromptPiece([], [])]
-        self.token_ids: list[int] = list(self.segments[0].token_ids)
-        # KV state: blocks referenced by this conversation, hashes of its full blocks, and how
-        # many leading tokens of token_ids have K/V in those blocks.
-        self.block_table: list[int] = []
-        self.block_hashes: list[bytes] = []
-        self.num_kv_tokens = 0
+        self._token_ids = list(system.token_ids)
+        self._segments = [_Segment(list(system.messages), len(system.token_ids),
+                                   list(system.images))]
+        self.kv = kv  # its KVCacheManager's KVBlocks: written by the manager only
+
+    # ---- reading -------------------------------------------------------------------------
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole history (read-only: change it through the methods)."""
+        return self._token_ids
+
+    @property
+    def block_table(self) -> list[int]:
+        """The KV blocks holding the history, in order (read-only)."""
+        return self.kv.ids
+
+    @property
+    def num_kv_tokens(self) -> int:
+        """Leading tokens of the history whose K/V are in ``block_table``."""
+        return self.kv.num_tokens
 
     @property
     def num_turns(self) -> int:
-        """User turns in the history (the system segment excluded)."""
-        return len(self.segments) - 1
+        """User turns in the history (the system prompt excluded)."""
+        return len(self._segments) - 1
+
+    def turn_lengths(self) -> list[int]:
+        """Tokens of the system prompt, then of each turn, oldest first."""
+        return [seg.num_tokens for seg in self._segments]
 
     def messages(self) -> list[dict]:
         """HF-style messages of the whole history."""
-        return [m for seg in self.segments for m in seg.messages]
+        return [m for seg in self._segments for m in seg.messages]
 
     def image_spans(self) -> list[tuple[int, ImageRef]]:
         """(first token index, image) of every image in ``token_ids``, in order."""
-        return spans_of(self.segments)
+        return self._spans(self._segments)
 
-    def clear_kv(self) -> None:
-        """Forget the KV bookkeeping (the caller has released the blocks)."""
-        self.block_table = []
-        self.block_hashes = []
-        self.num_kv_tokens = 0
+    def without_oldest(self, num_turns: int, turn: PromptPiece):
+        """(token ids, image spans) of the history less its oldest ``num_turns``, plus ``turn``.
 
-    def replace_segments(self, segments: list[PromptPiece]) -> None:
-        """Set the history to ``segments`` (after dropping turns); KV must be cleared first."""
-        if self.block_table:
+        Pure: what the prompt would be if those turns were dropped.
+        """
+        start = sum(seg.num_tokens for seg in self._segments[:1 + num_turns])
+        system = self._segments[0].num_tokens
+        tokens = [*self._token_ids[:system], *self._token_ids[start:], *turn.token_ids]
+        kept = [self._segments[0], *self._segments[1 + num_turns:]]
+        spans = self._spans(kept)
+        spans.extend((len(tokens) - len(turn.token_ids) + off, img) for off, img in turn.images)
+        return tokens, spans
+
+    @staticmethod
+    def _spans(segments) -> list[tuple[int, ImageRef]]:
+        spans, base = [], 0
+        for seg in segments:
+            spans.extend((base + off, img) for off, img in seg.images)
+            base += seg.num_tokens
+        return spans
+
+    # ---- changing ------------------------------------------------------------------------
+
+    def open_turn(self, turn: PromptPiece) -> None:
+        """Append a user turn (up to the assistant generation prompt)."""
+        self._token_ids.extend(turn.token_ids)
+        self._segments.append(_Segment(list(turn.messages), len(turn.token_ids),
+                                       list(turn.images)))
+
+    def append_token(self, token_id: int) -> None:
+        """Append one generated token to the open turn."""
+        self._token_ids.append(token_id)
+        self._segments[-1].num_tokens += 1
+
+    def close_turn(self, answer: str, end_id: int) -> None:
+        """End the open turn with ``answer``; its ids end with ``end_id`` (<|im_end|>)."""
+        if self._token_ids[-1] != end_id:
+            self.append_token(end_id)
+        self._segments[-1].messages.append({"role": "assistant", "content": answer})
+
+    def drop_oldest(self, num_turns: int) -> None:
+        """Forget the oldest ``num_turns`` turns (the system prompt stays).
+
+        The KV blocks must have been released first: their hashes chain over the dropped turns.
+        """
+        if self.kv.ids:
             raise RuntimeError("release the conversation's blocks before rewriting its history")
-        self.segments = segments
-        self.token_ids = [t for seg in segments for t in seg.token_ids]
+        if num_turns:
+            self._token_ids, _ = self.without_oldest(num_turns, PromptPiece([], []))
+            del self._segments[1:1 + num_turns]
 
     def reset(self) -> None:
-        """Back to the system prompt only (blocks must have been released)."""
-        self.replace_segments(self.segments[:1])
-
-
-def spans_of(segments: list[PromptPiece]) -> list[tuple[int, ImageRef]]:
-    """Absolute (start, image) spans of the images in a list of segments."""
-    spans, base = [], 0
-    for seg in segments:
-        spans.extend((base + off, img) for off, img in seg.images)
-        base += len(seg.token_ids)
-    return spans
+        """Back to the system prompt only (the blocks must have been released)."""
+        self.drop_oldest(self.num_turns)

@@ -3,7 +3,7 @@
 """The KV cache manager: admits turns, keeps each conversation's KV books, walks the ladder.
 
 Before a turn runs, ``plan`` decides (without changing anything) how much of the oldest history
-must go and which blocks the prompt reuses; ``commit`` applies it. The ladder, never a crash:
+must go and which blocks the prompt reuses; ``admit`` applies it. The ladder, never a crash:
 
 1. evict cached blocks, least recently released first (``BlockPool.allocate`` does it);
 2. drop the oldest turns of the active conversation in large chunks (the older half of what is
@@ -11,7 +11,8 @@ must go and which blocks the prompt reuses; ``commit`` applies it. The ladder, n
 3. truncate the generation when the pool runs dry mid-answer (``finish_reason="kv_exhausted"``);
 4. reject the prompt when even its own tokens cannot be held.
 
-Each step is counted in the pool's counters.
+The manager is the one writer of every conversation's ``KVBlocks`` and of the pool and
+prefix-cache figures in ``PoolStats`` (the pool itself counts its evictions).
 """
 
 from dataclasses import dataclass, field
@@ -21,8 +22,44 @@ from orin_llm_node.processing import PromptPiece
 
 from .block_hash import chained_hashes
 from .block_pool import BlockPool
-from .conversation import Conversation, spans_of
+from .conversation import Conversation
 from .finish_reason import FinishReason
+
+
+class KVBlocks:
+    """The KV blocks of one conversation (its block table); written by the manager only.
+
+    ``ids``: the block table; ``hashes``: hashes of its leading full blocks; ``num_tokens``:
+    how many leading tokens of the history have K/V in those blocks.
+    """
+
+    __slots__ = ("ids", "hashes", "num_tokens")
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self.hashes: list[bytes] = []
+        self.num_tokens = 0
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of the block pool, the prefix cache and every exhaustion-ladder counter."""
+
+    total_blocks: int
+    free_blocks: int
+    cached_blocks: int
+    used_blocks: int
+    block_size: int
+    bytes_per_block: int
+    usage_pct: float
+    prefix_hits: int
+    prefix_misses: int
+    prefix_hit_rate: float
+    evictions: int
+    exhaustion_events: int
+    truncated_generations: int
+    rejected_prompts: int
+    dropped_turns: int
 
 
 @dataclass
@@ -61,18 +98,47 @@ class KVCacheManager:
         self.block_size = pool.block_size
         self.max_model_len = max_model_len
         self.enable_prefix_cache = enable_prefix_cache
+        # Prompt tokens served from the cache / computed, and the ladder's steps.
+        self._prefix_hits = 0
+        self._prefix_misses = 0
+        self._exhaustion_events = 0
+        self._truncated_generations = 0
+        self._rejected_prompts = 0
+        self._dropped_turns = 0
+
+    def stats(self) -> PoolStats:
+        """Snapshot of the pool's counts and of the manager's counters (changes nothing)."""
+        pool = self.pool
+        queried = self._prefix_hits + self._prefix_misses
+        return PoolStats(
+            total_blocks=pool.num_blocks,
+            free_blocks=pool.num_free,
+            cached_blocks=pool.num_cached,
+            used_blocks=pool.num_used,
+            block_size=pool.block_size,
+            bytes_per_block=pool.bytes_per_block,
+            usage_pct=100.0 * pool.num_used / pool.num_blocks,
+            prefix_hits=self._prefix_hits,
+            prefix_misses=self._prefix_misses,
+            prefix_hit_rate=self._prefix_hits / queried if queried else 0.0,
+            evictions=pool.evictions,
+            exhaustion_events=self._exhaustion_events,
+            truncated_generations=self._truncated_generations,
+            rejected_prompts=self._rejected_prompts,
+            dropped_turns=self._dropped_turns,
+        )
 
     # ---- planning (pure) -------------------------------------------------------------------
 
     def _blocks(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)
 
-    def _lookup(self, tokens: list[int], spans, prompt_len: int):
+    def _lookup(self, tokens: list[int], spans):
         """Longest run of cached full blocks of a prompt (never covering its last token)."""
         hits, hashes = [], []
         if not self.enable_prefix_cache:
             return hits, hashes
-        for h in chained_hashes(tokens[:prompt_len - 1], spans, self.block_size, 0, None):
+        for h in chained_hashes(tokens[:-1], spans, self.block_size, 0, None):
             block = self.pool.lookup(h)
             if block is None:
                 break
@@ -81,15 +147,15 @@ class KVCacheManager:
         return hits, hashes
 
     def _evaluate(self, conv: Conversation, drop: int, turn: PromptPiece, max_tokens: int):
-        segments = [conv.segments[0], *conv.segments[1 + drop:], turn]
-        tokens = [t for seg in segments for t in seg.token_ids]
+        tokens, spans = conv.without_oldest(drop, turn)
         plan = TurnPlan(prompt_len=len(tokens), drop=drop)
-        if drop == 0 and conv.block_table:
+        own = conv.kv.ids
+        if drop == 0 and own:
             plan.keep_kv = True
-            held, available = len(conv.block_table), self.pool.num_available
+            held, available = len(own), self.pool.num_available
         else:
-            released = {b for b in conv.block_table if self.pool.ref_count(b) == 1}
-            plan.hits, plan.hit_hashes = self._lookup(tokens, spans_of(segments), len(tokens))
+            released = {b for b in own if self.pool.ref_count(b) == 1}
+            plan.hits, plan.hit_hashes = self._lookup(tokens, spans)
             held = len(plan.hits)
             revived = sum(1 for b in plan.hits if b in released or self.pool.ref_count(b) == 0)
             available = self.pool.num_available + len(released) - revived
@@ -100,7 +166,8 @@ class KVCacheManager:
 
     def plan(self, conv: Conversation, turn: PromptPiece, max_tokens: int) -> TurnPlan:
         """Decide how to admit ``turn`` into ``conv`` (changes nothing)."""
-        newest = len(conv.segments[0].token_ids) + len(turn.token_ids)
+        history = conv.turn_lengths()
+        newest = history[0] + len(turn.token_ids)
         if newest >= self.max_model_len:
             return TurnPlan(
                 FinishReason.CONTEXT_FULL, prompt_len=newest,
@@ -108,7 +175,6 @@ class KVCacheManager:
                        f"{self.max_model_len}",
             )
         levels = drop_levels(conv.num_turns)
-        history = [len(seg.token_ids) for seg in conv.segments]
         # Fewest dropped turns that leave room for the whole answer within max_model_len.
         context_level = next(
             (k for k in levels
@@ -137,58 +203,79 @@ class KVCacheManager:
 
     # ---- applying --------------------------------------------------------------------------
 
-    def commit(self, conv: Conversation, turn: PromptPiece, plan: TurnPlan) -> int:
-        """Apply a plan that was not refused: drop turns, reuse the prefix, allocate blocks.
+    def admit(self, conv: Conversation, turn: PromptPiece, max_tokens: int) -> TurnPlan:
+        """Plan ``turn`` and, unless refused, open it in ``conv`` with the prompt's blocks.
 
-        Returns the number of prompt tokens whose K/V are already cached.
+        Drops the planned turns, reuses the cached prefix and allocates the rest of the
+        prompt's blocks; ``conv.num_kv_tokens`` is then the prefix-cache hit length.
         """
-        pool = self.pool
+        plan = self.plan(conv, turn, max_tokens)
+        if plan.refused:
+            if plan.refused == FinishReason.KV_EXHAUSTED:
+                self._rejected_prompts += 1
+                self._exhaustion_events += 1
+            return plan
+        kv = conv.kv
         if plan.drop:
             self.release(conv)
-            conv.replace_segments([conv.segments[0], *conv.segments[1 + plan.drop:]])
-            pool.dropped_turns += plan.drop
+            conv.drop_oldest(plan.drop)
+            self._dropped_turns += plan.drop
         if plan.pool_drop:
-            pool.exhaustion_events += 1
-        conv.segments.append(turn)
-        conv.token_ids.extend(turn.token_ids)
+            self._exhaustion_events += 1
+        conv.open_turn(turn)
         if not plan.keep_kv:
             for block in plan.hits:
-                pool.acquire(block)
-            conv.block_table = list(plan.hits)
-            conv.block_hashes = list(plan.hit_hashes)
-            conv.num_kv_tokens = len(plan.hits) * self.block_size
-        cached = conv.num_kv_tokens
-        pool.prefix_hits += cached
-        pool.prefix_misses += plan.prompt_len - cached
-        if not self.reserve(conv, plan.prompt_len):
-            raise RuntimeError("KV pool changed between plan and commit")  # single-threaded
-        return cached
+                self.pool.acquire(block)
+            kv.ids = list(plan.hits)
+            kv.hashes = list(plan.hit_hashes)
+            kv.num_tokens = len(plan.hits) * self.block_size
+        self._prefix_hits += kv.num_tokens
+        self._prefix_misses += plan.prompt_len - kv.num_tokens
+        if not self._reserve(kv, plan.prompt_len):
+            raise RuntimeError("KV pool changed between plan and admit")  # single-threaded
+        return plan
 
-    def reserve(self, conv: Conversation, num_tokens: int) -> bool:
-        """Allocate blocks until ``conv`` can hold ``num_tokens`` tokens; False when exhausted."""
-        while len(conv.block_table) * self.block_size < num_tokens:
+    def _reserve(self, kv: KVBlocks, num_tokens: int) -> bool:
+        # Allocate blocks until ``kv`` holds room for ``num_tokens`` tokens; False when dry.
+        while len(kv.ids) * self.block_size < num_tokens:
             block = self.pool.allocate()
             if block is None:
                 return False
-            conv.block_table.append(block)
+            kv.ids.append(block)
         return True
+
+    def extend(self, conv: Conversation, num_tokens: int) -> bool:
+        """Make room for ``num_tokens`` tokens before a decode step.
+
+        False when the pool is exhausted (counted as a truncated generation).
+        """
+        if self._reserve(conv.kv, num_tokens):
+            return True
+        self._truncated_generations += 1
+        self._exhaustion_events += 1
+        return False
 
     def kv_written(self, conv: Conversation, num_kv_tokens: int) -> None:
         """Record that the first ``num_kv_tokens`` tokens have K/V; hash newly full blocks."""
-        conv.num_kv_tokens = num_kv_tokens
+        kv = conv.kv
+        kv.num_tokens = num_kv_tokens
         if not self.enable_prefix_cache:
             return
         bs = self.block_size
         full = num_kv_tokens // bs
-        if len(conv.block_hashes) >= full:
+        start = len(kv.hashes)
+        if start >= full:
             return
-        start = len(conv.block_hashes)
-        parent = conv.block_hashes[-1] if start else None
-        for h in chained_hashes(conv.token_ids[:full * bs], conv.image_spans(), bs, start, parent):
-            self.pool.register(conv.block_table[len(conv.block_hashes)], h)
-            conv.block_hashes.append(h)
+        parent = kv.hashes[-1] if start else None
+        tokens = conv.token_ids[:full * bs]
+        for block, h in zip(kv.ids[start:full],
+                            chained_hashes(tokens, conv.image_spans(), bs, start, parent),
+                            strict=True):
+            self.pool.register(block, h)
+            kv.hashes.append(h)
 
     def release(self, conv: Conversation) -> None:
         """Hand all of ``conv``'s blocks back (tail first; hashed ones stay cached)."""
-        self.pool.release(conv.block_table)
-        conv.clear_kv()
+        kv = conv.kv
+        self.pool.release(kv.ids)
+        kv.ids, kv.hashes, kv.num_tokens = [], [], 0

@@ -6,7 +6,7 @@ Single-threaded: one generation at a time, run by the caller's thread. ``cancel(
 call another thread may make (a flag checked before every step).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
 import logging
 import threading
 import time
@@ -17,19 +17,27 @@ import torch
 from orin_llm_node.models import VisionOutput, load_model
 from orin_llm_node.processing import ChatTemplate, ImageProcessor, PromptBuilder, Tokenizer
 
-from .block_pool import BlockPool, PoolStats
+from .block_pool import BlockPool
 from .config import EngineConfig, SamplingParams
 from .conversation import Conversation
 from .detokenizer import IncrementalDetokenizer
 from .finish_reason import FinishReason
-from .kv_manager import KVCacheManager
+from .kv_manager import KVBlocks, KVCacheManager, PoolStats
 from .model_runner import ModelRunner, plan_num_blocks
 from .sampler import Sampler
 from .vision_cache import VisionCache
 
-__all__ = ["ChatResult", "LLMEngine", "StreamEvent"]
+__all__ = ["ChatResult", "EngineStats", "LLMEngine", "StreamEvent"]
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class EngineStats(PoolStats):
+    """``PoolStats`` (the KV cache manager's) and the vision cache's own figures."""
+
+    vision_cache_hits: int
+    vision_cache_misses: int
+
 
 @dataclass
 class ChatResult:
@@ -111,7 +119,7 @@ class LLMEngine:
 
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
         """Start a conversation; the system prompt's blocks are shared through the cache."""
-        return Conversation(system_prompt, self.prompts.system_piece(system_prompt))
+        return Conversation(self.prompts.system_piece(system_prompt), KVBlocks())
 
     def cancel(self) -> None:
         """Stop the generation in progress at its next step (thread-safe)."""
@@ -128,10 +136,10 @@ class LLMEngine:
             c.reset()
             self._conversations.pop(c.id, None)
 
-    def stats(self) -> PoolStats:
-        """Block pool counts and exhaustion counters."""
-        return replace(self.pool.stats(), vision_cache_hits=self.vision_cache.hits,
-                       vision_cache_misses=self.vision_cache.misses)
+    def stats(self) -> EngineStats:
+        """Block pool counts, prefix-cache and exhaustion counters, vision-cache hits."""
+        return EngineStats(**asdict(self.kv.stats()), vision_cache_hits=self.vision_cache.hits,
+                           vision_cache_misses=self.vision_cache.misses)
 
     def chat(self, conv: Conversation, text: str, images=None,
              sampling: SamplingParams | None = None) -> ChatResult:
@@ -154,31 +162,25 @@ class LLMEngine:
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
         turn = self.prompts.user_turn(conv.messages(), text, list(images or []))
-        plan = self.kv.plan(conv, turn, sampling.max_tokens)
+        plan = self.kv.admit(conv, turn, sampling.max_tokens)
         if plan.refused:
             yield StreamEvent("", result=self._refused(conv, turn, plan))
             return
-        dropped = plan.drop
-        cached = self.kv.commit(conv, turn, plan)
         self._conversations[conv.id] = conv
-        state = _TurnState(t0, cached, dropped)
+        state = _TurnState(t0, conv.num_kv_tokens, plan.drop)
         try:
             yield from self._generate(conv, sampling, state, turn.pixel_values)
         finally:
-            self._close_turn(conv, turn, state)
+            self._close_turn(conv, state)
         yield StreamEvent(state.tail, result=state.result)
 
     # ---- internals -------------------------------------------------------------------------
 
     def _refused(self, conv, turn, plan) -> ChatResult:
-        reason = plan.refused
-        if reason == FinishReason.KV_EXHAUSTED:
-            self.pool.rejected_prompts += 1
-            self.pool.exhaustion_events += 1
-        log.warning("prompt not run (%s): %s", reason, plan.reason)
-        spans = [*conv.image_spans(), *turn.images]
-        return ChatResult("", [], conv.token_ids + turn.token_ids, [img.rgb for _, img in spans],
-                          reason, error=plan.reason)
+        log.warning("prompt not run (%s): %s", plan.refused, plan.reason)
+        tokens, spans = conv.without_oldest(0, turn)
+        return ChatResult("", [], tokens, [img.rgb for _, img in spans], plan.refused,
+                          error=plan.reason)
 
     def _vision_rows(self, spans, start: int, fresh) -> tuple[VisionOutput | None, float]:
         # Vision rows of every image pad at or after token index ``start``, in order. A prefix
@@ -212,7 +214,7 @@ class LLMEngine:
 
     def _generate(self, conv: Conversation, sampling: SamplingParams, state: "_TurnState",
                   pixels):
-        sched, runner = self.kv, self.runner
+        kv, runner = self.kv, self.runner
         prompt = list(conv.token_ids)
         spans = conv.image_spans()
         state.prompt_ids = prompt
@@ -225,7 +227,7 @@ class LLMEngine:
         visual, state.vision_s = self._vision_rows(spans, state.cached, pixels)
         logits = runner.prefill(prompt[state.cached:], positions[:, state.cached:],
                                 conv.block_table, state.cached, visual)
-        sched.kv_written(conv, len(prompt))
+        kv.kv_written(conv, len(prompt))
         sampler = Sampler(sampling, self.device, self._banned)
         detok = state.detok = IncrementalDetokenizer(self.tokenizer.decode)
         eos = set() if sampling.ignore_eos else set(self.tokenizer.eos_ids)
@@ -237,8 +239,7 @@ class LLMEngine:
                 state.t_first = now
             state.t_last = now
             gen.append(token)
-            conv.token_ids.append(token)
-            conv.segments[-1].token_ids.append(token)
+            conv.append_token(token)
             if token in eos:
                 state.finish = FinishReason.STOP
                 return
@@ -257,26 +258,20 @@ class LLMEngine:
                 state.finish = FinishReason.TIMEOUT
                 return
             context = len(conv.token_ids)
-            if not sched.reserve(conv, context):
-                self.pool.truncated_generations += 1
-                self.pool.exhaustion_events += 1
+            if not kv.extend(conv, context):
                 log.warning("KV pool exhausted: answer truncated after %d tokens", len(gen))
                 state.finish = FinishReason.KV_EXHAUSTED
                 return
             logits = runner.decode(token, next_pos + len(gen) - 1, conv.block_table, context)
-            sched.kv_written(conv, context)
+            kv.kv_written(conv, context)
 
-    def _close_turn(self, conv: Conversation, turn, state: "_TurnState") -> None:
+    def _close_turn(self, conv: Conversation, state: "_TurnState") -> None:
         # Runs whatever ended the turn (finish, error, a closed stream): the history stays a
         # valid conversation, closed with <|im_end|>.
         state.finish = state.finish or FinishReason.CANCELLED
         state.tail = state.detok.flush() if state.detok else ""
         text = state.detok.text if state.detok else ""
-        im_end = self.tokenizer.im_end_id
-        if conv.token_ids[-1] != im_end:
-            conv.token_ids.append(im_end)
-            turn.token_ids.append(im_end)
-        turn.messages.append({"role": "assistant", "content": text})
+        conv.close_turn(text, self.tokenizer.im_end_id)
         if not self.config.enable_prefix_cache:
             self.kv.release(conv)
             self._conversations.pop(conv.id, None)
