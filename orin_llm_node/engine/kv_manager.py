@@ -6,17 +6,23 @@ Before a turn runs, ``plan`` decides (without changing anything) how much of the
 must go and which blocks the prompt reuses; ``admit`` applies it. The ladder, never a crash:
 
 1. evict cached blocks, least recently released first (``BlockPool.allocate`` does it);
-2. drop the oldest turns of the active conversation in large chunks (the older half of what is
+2. release the blocks of the least recently used *idle* conversations (not generating): they
+   become cached, so such a conversation that returns still hits its prefix unless evicted;
+3. drop the oldest turns of the active conversation in large chunks (the older half of what is
    left each time; the system prompt stays) when ``max_model_len`` or the pool would overflow;
-3. truncate the generation when the pool runs dry mid-answer (``finish_reason="kv_exhausted"``);
-4. reject the prompt when even its own tokens cannot be held.
+4. truncate the generation when the pool runs dry mid-answer (``finish_reason="kv_exhausted"``);
+5. reject the prompt when even its own tokens cannot be held.
 
 The manager is the one writer of every conversation's ``KVBlocks`` and of the pool and
-prefix-cache figures in ``PoolStats`` (the pool itself counts its evictions).
+prefix-cache figures in ``PoolStats`` (the pool itself counts its evictions). A conversation
+that is garbage-collected gives its blocks back at the manager's next ``admit`` or ``collect``:
+its finalizer only queues its id, so it is safe whichever thread the collector runs on.
 """
 
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 import math
+import weakref
 
 from orin_llm_node.processing import PromptPiece
 
@@ -60,6 +66,7 @@ class PoolStats:
     truncated_generations: int
     rejected_prompts: int
     dropped_turns: int
+    idle_releases: int  # idle conversations whose blocks were released to make room
 
 
 @dataclass
@@ -78,6 +85,7 @@ class TurnPlan:
     hits: list[int] = field(default_factory=list)
     hit_hashes: list[bytes] = field(default_factory=list)
     may_truncate: bool = False  # the prompt fits but not the whole answer
+    shortfall: int = 0  # blocks missing for the whole answer without a pool-forced drop
     reason: str = ""
 
 
@@ -105,6 +113,12 @@ class KVCacheManager:
         self._truncated_generations = 0
         self._rejected_prompts = 0
         self._dropped_turns = 0
+        self._idle_releases = 0
+        # Conversations holding blocks, least recently admitted first; those generating now.
+        self._holders: OrderedDict[int, KVBlocks] = OrderedDict()
+        self._busy: set[int] = set()
+        # Ids of garbage-collected conversations, queued by their finalizers.
+        self._collected: deque[int] = deque()
 
     def stats(self) -> PoolStats:
         """Snapshot of the pool's counts and of the manager's counters (changes nothing)."""
@@ -126,7 +140,33 @@ class KVCacheManager:
             truncated_generations=self._truncated_generations,
             rejected_prompts=self._rejected_prompts,
             dropped_turns=self._dropped_turns,
+            idle_releases=self._idle_releases,
         )
+
+    # ---- conversations ---------------------------------------------------------------------
+
+    def track(self, conv: Conversation) -> None:
+        """Give ``conv``'s blocks back once it is garbage-collected (at the next ``collect``)."""
+        weakref.finalize(conv, self._collected.append, conv.id).atexit = False
+
+    def collect(self) -> None:
+        """Release the blocks of the conversations collected since the last call."""
+        while self._collected:
+            kv = self._holders.pop(self._collected.popleft(), None)
+            if kv is not None:
+                self._give_back(kv)
+
+    def _release_idle(self, active: Conversation, blocks: int) -> bool:
+        # Release least recently used idle conversations until ``blocks`` more blocks are
+        # available (or none is left); False when there was nothing to release.
+        goal = self.pool.num_available + blocks
+        idle = [cid for cid in self._holders if cid != active.id and cid not in self._busy]
+        for cid in idle:
+            if self.pool.num_available >= goal:
+                break
+            self._give_back(self._holders.pop(cid))
+            self._idle_releases += 1
+        return bool(idle)
 
     # ---- planning (pure) -------------------------------------------------------------------
 
@@ -162,7 +202,7 @@ class KVCacheManager:
         answer = max(1, min(max_tokens, self.max_model_len - len(tokens)))
         need_prompt = self._blocks(len(tokens)) - held
         need_full = self._blocks(len(tokens) + answer - 1) - held
-        return plan, need_prompt <= available, need_full <= available
+        return plan, need_prompt - available, need_full - available
 
     def plan(self, conv: Conversation, turn: PromptPiece, max_tokens: int) -> TurnPlan:
         """Decide how to admit ``turn`` into ``conv`` (changes nothing)."""
@@ -182,20 +222,21 @@ class KVCacheManager:
              <= self.max_model_len),
             levels[-1],
         )
-        last = None
+        shortfall = None
         for k in levels[levels.index(context_level):]:
-            plan, prompt_fits, answer_fits = self._evaluate(conv, k, turn, max_tokens)
-            if answer_fits:
+            plan, prompt_short, answer_short = self._evaluate(conv, k, turn, max_tokens)
+            if shortfall is None:
+                shortfall = max(0, answer_short)
+            plan.shortfall = shortfall
+            if answer_short <= 0:
                 plan.pool_drop = k > context_level
                 return plan
-            last = (plan, prompt_fits)
-        plan, prompt_fits = last
-        if prompt_fits:
+        if prompt_short <= 0:
             plan.pool_drop = plan.drop > context_level
             plan.may_truncate = True
             return plan
         return TurnPlan(
-            FinishReason.KV_EXHAUSTED, prompt_len=plan.prompt_len,
+            FinishReason.KV_EXHAUSTED, prompt_len=plan.prompt_len, shortfall=shortfall,
             reason=f"KV pool exhausted: the prompt needs {self._blocks(plan.prompt_len)} blocks "
                    f"of {self.block_size} tokens, {self.pool.num_available} are available "
                    f"of {self.pool.num_blocks}",
@@ -206,10 +247,15 @@ class KVCacheManager:
     def admit(self, conv: Conversation, turn: PromptPiece, max_tokens: int) -> TurnPlan:
         """Plan ``turn`` and, unless refused, open it in ``conv`` with the prompt's blocks.
 
-        Drops the planned turns, reuses the cached prefix and allocates the rest of the
-        prompt's blocks; ``conv.num_kv_tokens`` is then the prefix-cache hit length.
+        Idle conversations give way first when the pool is short; then the planned turns are
+        dropped, the cached prefix reused and the rest of the prompt's blocks allocated;
+        ``conv.num_kv_tokens`` is then the prefix-cache hit length. Until ``finish(conv)``,
+        ``conv`` is generating and never gives way.
         """
+        self.collect()
         plan = self.plan(conv, turn, max_tokens)
+        while plan.shortfall and self._release_idle(conv, plan.shortfall):
+            plan = self.plan(conv, turn, max_tokens)
         if plan.refused:
             if plan.refused == FinishReason.KV_EXHAUSTED:
                 self._rejected_prompts += 1
@@ -233,7 +279,16 @@ class KVCacheManager:
         self._prefix_misses += plan.prompt_len - kv.num_tokens
         if not self._reserve(kv, plan.prompt_len):
             raise RuntimeError("KV pool changed between plan and admit")  # single-threaded
+        self._holders[conv.id] = kv
+        self._holders.move_to_end(conv.id)
+        self._busy.add(conv.id)
         return plan
+
+    def finish(self, conv: Conversation) -> None:
+        """The turn of ``conv`` has ended: it is idle (and holds nothing without prefix cache)."""
+        self._busy.discard(conv.id)
+        if not self.enable_prefix_cache:
+            self.release(conv)
 
     def _reserve(self, kv: KVBlocks, num_tokens: int) -> bool:
         # Allocate blocks until ``kv`` holds room for ``num_tokens`` tokens; False when dry.
@@ -247,13 +302,15 @@ class KVCacheManager:
     def extend(self, conv: Conversation, num_tokens: int) -> bool:
         """Make room for ``num_tokens`` tokens before a decode step.
 
-        False when the pool is exhausted (counted as a truncated generation).
+        Idle conversations give way first; False when the pool is still exhausted (counted as
+        a truncated generation).
         """
-        if self._reserve(conv.kv, num_tokens):
-            return True
-        self._truncated_generations += 1
-        self._exhaustion_events += 1
-        return False
+        while not self._reserve(conv.kv, num_tokens):
+            if not self._release_idle(conv, 1):
+                self._truncated_generations += 1
+                self._exhaustion_events += 1
+                return False
+        return True
 
     def kv_written(self, conv: Conversation, num_kv_tokens: int) -> None:
         """Record that the first ``num_kv_tokens`` tokens have K/V; hash newly full blocks."""
@@ -276,6 +333,9 @@ class KVCacheManager:
 
     def release(self, conv: Conversation) -> None:
         """Hand all of ``conv``'s blocks back (tail first; hashed ones stay cached)."""
-        kv = conv.kv
+        self._holders.pop(conv.id, None)
+        self._give_back(conv.kv)
+
+    def _give_back(self, kv: KVBlocks) -> None:
         self.pool.release(kv.ids)
         kv.ids, kv.hashes, kv.num_tokens = [], [], 0

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import logging
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -100,7 +101,9 @@ class LLMEngine:
         self._banned = {mcfg.image_token_id, mcfg.video_token_id,
                         mcfg.vision_start_token_id, mcfg.vision_end_token_id}
         self._cancel = threading.Event()
-        self._conversations: dict[int, Conversation] = {}  # those holding blocks
+        # Every live conversation (for reset()); a weak map, so dropping one frees it.
+        self._conversations: weakref.WeakValueDictionary[int, Conversation] = (
+            weakref.WeakValueDictionary())
         per_block = self.runner.bytes_per_block
         log.info(
             "KV cache on %s (%s): %d blocks x %d tokens, %d bytes per block, %.1f MiB, "
@@ -119,7 +122,10 @@ class LLMEngine:
 
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
         """Start a conversation; the system prompt's blocks are shared through the cache."""
-        return Conversation(self.prompts.system_piece(system_prompt), KVBlocks())
+        conv = Conversation(self.prompts.system_piece(system_prompt), KVBlocks())
+        self.kv.track(conv)
+        self._conversations[conv.id] = conv
+        return conv
 
     def cancel(self) -> None:
         """Stop the generation in progress at its next step (thread-safe)."""
@@ -130,11 +136,10 @@ class LLMEngine:
 
         The blocks go back to the pool tail first, so hashed ones stay reusable as cache.
         """
-        convs = list(self._conversations.values()) if conv is None else [conv]
-        for c in convs:
+        self.kv.collect()
+        for c in list(self._conversations.values()) if conv is None else [conv]:
             self.kv.release(c)
             c.reset()
-            self._conversations.pop(c.id, None)
 
     def stats(self) -> EngineStats:
         """Block pool counts, prefix-cache and exhaustion counters, vision-cache hits."""
@@ -166,7 +171,6 @@ class LLMEngine:
         if plan.refused:
             yield StreamEvent("", result=self._refused(conv, turn, plan))
             return
-        self._conversations[conv.id] = conv
         state = _TurnState(t0, conv.num_kv_tokens, plan.drop)
         try:
             yield from self._generate(conv, sampling, state, turn.pixel_values)
@@ -272,9 +276,7 @@ class LLMEngine:
         state.tail = state.detok.flush() if state.detok else ""
         text = state.detok.text if state.detok else ""
         conv.close_turn(text, self.tokenizer.im_end_id)
-        if not self.config.enable_prefix_cache:
-            self.kv.release(conv)
-            self._conversations.pop(conv.id, None)
+        self.kv.finish(conv)
         gen = state.token_ids
         decode_s = state.t_last - state.t_first
         state.result = ChatResult(
