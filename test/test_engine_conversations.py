@@ -91,3 +91,17 @@ def test_idle_conversations_give_way_least_recently_used_first(tiny_ckpt, ref):
     assert ra.token_ids == expected
     assert eng.stats().idle_releases >= 2  # b (now least recent) gave way for it
     used_blocks(eng, [a, b, c])
+
+
+def test_bad_input_raises_before_anything_changes(tiny_ckpt):
+    eng = make_engine(tiny_ckpt, 64)
+    conv = eng.new_conversation("Be brief.")
+    before = list(conv.token_ids)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        eng.chat(conv, "bad \ud800 text")
+    with pytest.raises(ValueError, match="bare array"):
+        eng.chat(conv, "What is it?", images=random_image(1, 32, 32))
+    with pytest.raises(ValueError, match="uint8"):
+        eng.chat(conv, "What is it?", images=[random_image(1, 32, 32).astype(float)])
+    assert conv.token_ids == before and eng.stats().used_blocks == 0
+    assert eng.chat(conv, "Hello.", sampling=PARAMS).finish_reason == FinishReason.LENGTH

@@ -106,14 +106,10 @@ class KVCacheManager:
         self.block_size = pool.block_size
         self.max_model_len = max_model_len
         self.enable_prefix_cache = enable_prefix_cache
-        # Prompt tokens served from the cache / computed, and the ladder's steps.
-        self._prefix_hits = 0
-        self._prefix_misses = 0
-        self._exhaustion_events = 0
-        self._truncated_generations = 0
-        self._rejected_prompts = 0
-        self._dropped_turns = 0
-        self._idle_releases = 0
+        # Prompt tokens served from the cache / computed, and the ladder's steps (PoolStats names).
+        self._counts = dict.fromkeys(
+            ("prefix_hits", "prefix_misses", "exhaustion_events", "truncated_generations",
+             "rejected_prompts", "dropped_turns", "idle_releases"), 0)
         # Conversations holding blocks, least recently admitted first; those generating now.
         self._holders: OrderedDict[int, KVBlocks] = OrderedDict()
         self._busy: set[int] = set()
@@ -122,8 +118,8 @@ class KVCacheManager:
 
     def stats(self) -> PoolStats:
         """Snapshot of the pool's counts and of the manager's counters (changes nothing)."""
-        pool = self.pool
-        queried = self._prefix_hits + self._prefix_misses
+        pool, counts = self.pool, self._counts
+        queried = counts["prefix_hits"] + counts["prefix_misses"]
         return PoolStats(
             total_blocks=pool.num_blocks,
             free_blocks=pool.num_free,
@@ -132,15 +128,9 @@ class KVCacheManager:
             block_size=pool.block_size,
             bytes_per_block=pool.bytes_per_block,
             usage_pct=100.0 * pool.num_used / pool.num_blocks,
-            prefix_hits=self._prefix_hits,
-            prefix_misses=self._prefix_misses,
-            prefix_hit_rate=self._prefix_hits / queried if queried else 0.0,
+            prefix_hit_rate=counts["prefix_hits"] / queried if queried else 0.0,
             evictions=pool.evictions,
-            exhaustion_events=self._exhaustion_events,
-            truncated_generations=self._truncated_generations,
-            rejected_prompts=self._rejected_prompts,
-            dropped_turns=self._dropped_turns,
-            idle_releases=self._idle_releases,
+            **counts,
         )
 
     # ---- conversations ---------------------------------------------------------------------
@@ -165,7 +155,7 @@ class KVCacheManager:
             if self.pool.num_available >= goal:
                 break
             self._give_back(self._holders.pop(cid))
-            self._idle_releases += 1
+            self._counts["idle_releases"] += 1
         return bool(idle)
 
     # ---- planning (pure) -------------------------------------------------------------------
@@ -258,16 +248,16 @@ class KVCacheManager:
             plan = self.plan(conv, turn, max_tokens)
         if plan.refused:
             if plan.refused == FinishReason.KV_EXHAUSTED:
-                self._rejected_prompts += 1
-                self._exhaustion_events += 1
+                self._counts["rejected_prompts"] += 1
+                self._counts["exhaustion_events"] += 1
             return plan
         kv = conv.kv
         if plan.drop:
             self.release(conv)
             conv.drop_oldest(plan.drop)
-            self._dropped_turns += plan.drop
+            self._counts["dropped_turns"] += plan.drop
         if plan.pool_drop:
-            self._exhaustion_events += 1
+            self._counts["exhaustion_events"] += 1
         conv.open_turn(turn)
         if not plan.keep_kv:
             for block in plan.hits:
@@ -275,8 +265,8 @@ class KVCacheManager:
             kv.ids = list(plan.hits)
             kv.hashes = list(plan.hit_hashes)
             kv.num_tokens = len(plan.hits) * self.block_size
-        self._prefix_hits += kv.num_tokens
-        self._prefix_misses += plan.prompt_len - kv.num_tokens
+        self._counts["prefix_hits"] += kv.num_tokens
+        self._counts["prefix_misses"] += plan.prompt_len - kv.num_tokens
         if not self._reserve(kv, plan.prompt_len):
             raise RuntimeError("KV pool changed between plan and admit")  # single-threaded
         self._holders[conv.id] = kv
@@ -307,8 +297,8 @@ class KVCacheManager:
         """
         while not self._reserve(conv.kv, num_tokens):
             if not self._release_idle(conv, 1):
-                self._truncated_generations += 1
-                self._exhaustion_events += 1
+                self._counts["truncated_generations"] += 1
+                self._counts["exhaustion_events"] += 1
                 return False
         return True
 

@@ -166,6 +166,14 @@ class LLMEngine:
         sampling = sampling or SamplingParams()
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text is not valid Unicode: lone surrogate {text[exc.start]!r} "
+                             f"at index {exc.start}") from None
+        if isinstance(images, np.ndarray):
+            raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
+                             "array (pass [image])")
         turn = self.prompts.user_turn(conv.messages(), text, list(images or []))
         plan = self.kv.admit(conv, turn, sampling.max_tokens)
         if plan.refused:
