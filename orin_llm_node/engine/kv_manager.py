@@ -84,7 +84,6 @@ class TurnPlan:
     keep_kv: bool = False  # the conversation's own blocks are the prefix
     hits: list[int] = field(default_factory=list)
     hit_hashes: list[bytes] = field(default_factory=list)
-    may_truncate: bool = False  # the prompt fits but not the whole answer
     shortfall: int = 0  # blocks missing for the whole answer without a pool-forced drop
     reason: str = ""
 
@@ -221,9 +220,8 @@ class KVCacheManager:
             if answer_short <= 0:
                 plan.pool_drop = k > context_level
                 return plan
-        if prompt_short <= 0:
+        if prompt_short <= 0:  # the prompt fits, not the whole answer: it may be truncated
             plan.pool_drop = plan.drop > context_level
-            plan.may_truncate = True
             return plan
         return TurnPlan(
             FinishReason.KV_EXHAUSTED, prompt_len=plan.prompt_len, shortfall=shortfall,
