@@ -39,10 +39,10 @@ from std_srvs.srv import Trigger
 
 from orin_llm_node import ros_image
 from orin_llm_node.diagnostics import DiagnosticsMonitor, GenerationInfo
+from orin_llm_node.package_files import DEMO_MODEL_DIR
 
 NODE_NAME = 'orin_llm'
 MAX_PROMPT_CHARS = 100_000
-DEMO_MODEL_DIR = Path(__file__).resolve().parent / 'demo_model'
 
 
 class ParameterError(ValueError):
