@@ -281,17 +281,16 @@ class CudaPagedAttention(AttentionBackend):
         out = torch.empty(1, self.num_q_heads, self.head_dim, dtype=self.dtype,
                           device=self.device)
         self._launch(
-            "paged_decode_split",
-            (self.num_kv_heads * self._chunks, 1, self.num_splits), (ks.NUM_THREADS,),
+            "paged_decode_split", (self.num_kv_heads * self._chunks, self.num_splits),
+            (ks.NUM_THREADS,),
             (self._part_acc.data_ptr(), self._part_ml.data_ptr(), q.data_ptr(), k_ptr, v_ptr,
              self._block_table.data_ptr(), self._context_buf.data_ptr(),
              np.int32(self.num_kv_heads), np.int32(self.group_size), np.int32(self.block_size),
-             np.int32(0), np.int64(q.stride(0)), self._scale_log2),
+             self._scale_log2),
         )
         self._launch(
-            "paged_decode_reduce", (self.num_q_heads, 1), (self.head_dim,),
+            "paged_decode_reduce", (self.num_q_heads,), (self.head_dim,),
             (out.data_ptr(), self._part_acc.data_ptr(), self._part_ml.data_ptr(),
-             self._context_buf.data_ptr(), np.int32(self.num_q_heads),
-             np.int32(self.num_splits), np.int64(out.stride(0))),
+             self._context_buf.data_ptr(), np.int32(self.num_splits)),
         )
         return out if q_dtype == self.dtype else out.to(q_dtype)

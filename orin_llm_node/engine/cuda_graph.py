@@ -2,12 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """CUDA Graph capture and replay of the model runner's decode step.
 
-The runner splits a decode step in two (``ModelRunner.prepare_decode`` / ``_decode_forward``).
-All host work -- block allocation, the block-table row, token id, 1-D position, slot and
-context length -- is written into static device buffers by ``prepare_decode`` *before* every
-replay; the graph holds only device work: embedding, every layer (RoPE cos/sin computed from
-the position buffer, K/V write by slot, paged decode attention reading the context length and
-block table from device memory), the final norm, the logits and the greedy token (banned ids
+The runner splits a decode step in two (``ModelRunner.prepare_decode`` /
+``_decode_graph_body``). All host work -- block allocation, the block-table row, token id,
+1-D position, slot and context length -- is written into device buffers by ``prepare_decode``
+*before* every replay; the graph holds only device work: embedding, RoPE cos/sin computed once
+from the position buffer, every layer (fused norms, q/k-norm + RoPE + K/V write by slot,
+paged decode attention reading the context length and block table from device memory), the final norm, the logits and the greedy token (banned ids
 masked, argmax). A greedy step is one replay and one 8-byte copy of that token to the host;
 other sampling reads a copy of the logits.
 
