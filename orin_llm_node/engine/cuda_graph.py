@@ -7,9 +7,9 @@ The runner splits a decode step in two (``ModelRunner.prepare_decode`` /
 1-D position, slot and context length -- is written into device buffers by ``prepare_decode``
 *before* every replay; the graph holds only device work: embedding, RoPE cos/sin computed once
 from the position buffer, every layer (fused norms, q/k-norm + RoPE + K/V write by slot,
-paged decode attention reading the context length and block table from device memory), the final norm, the logits and the greedy token (banned ids
-masked, argmax). A greedy step is one replay and one 8-byte copy of that token to the host;
-other sampling reads a copy of the logits.
+paged decode attention reading the context length and block table from device memory), the
+final norm, the logits and the greedy token (banned ids masked, argmax). A greedy step is one
+replay and one 8-byte copy of that token to the host; other sampling reads a copy of the logits.
 
 A graph bakes in pointers, so it is re-captured only when one of them changes (KV tensor,
 static buffers, attention backend or its workspace): a conversation reset changes buffer
