@@ -17,7 +17,8 @@
 //   HEAD_DIM        head dimension (32, 64, 128)
 //   PARTITION_SIZE  tokens per split-K partition of the decode kernel
 //   MAX_GROUP       query heads (of one KV head) handled by one decode CTA
-//   NUM_THREADS     threads per CTA of the kv_write / decode kernels
+//   NUM_THREADS     threads per CTA of the kv_write / decode / prefill kernels
+//   PREFILL_ROWS_PER_WARP  query rows each warp of a paged_prefill CTA scores (prefill only)
 #pragma once
 
 #if !defined(KV_DTYPE_ID) || !defined(HEAD_DIM) || !defined(PARTITION_SIZE) || \

@@ -26,6 +26,8 @@ __all__ = [
     "MAX_GROUP",
     "NUM_THREADS",
     "PARTITION_SIZE",
+    "PREFILL_ROWS",
+    "PREFILL_ROWS_PER_WARP",
     "KernelVariant",
     "kernel_source",
     "kernels_dir",
@@ -46,12 +48,16 @@ MAX_GROUP = 8
 #: Threads per CTA of kv_write and paged_decode_split.
 NUM_THREADS = 128
 
-#: Kernel file -> the extern "C" functions the runtime fetches from it. Prefill attention is
-#: gather + torch SDPA (see attention/cuda_backend.py), so there is no paged_prefill.cu.
+#: Kernel file -> the extern "C" functions the runtime fetches from it.
 KERNEL_FILES = {
     "kv_write.cu": ("kv_write",),
     "paged_decode.cu": ("paged_decode_split", "paged_decode_reduce"),
+    "paged_prefill.cu": ("paged_prefill",),
 }
+#: Query rows ((token, head) pairs of one KV head) that each warp of a paged_prefill CTA scores.
+PREFILL_ROWS_PER_WARP = 4
+#: Query rows per paged_prefill CTA (the launcher sizes the grid with it).
+PREFILL_ROWS = NUM_THREADS // 32 * PREFILL_ROWS_PER_WARP
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
@@ -131,6 +137,7 @@ def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None)
         f"-DPARTITION_SIZE={PARTITION_SIZE}",
         f"-DMAX_GROUP={MAX_GROUP}",
         f"-DNUM_THREADS={NUM_THREADS}",
+        f"-DPREFILL_ROWS_PER_WARP={PREFILL_ROWS_PER_WARP}",
     )
     return KernelVariant(
         file=file,

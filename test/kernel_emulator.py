@@ -100,6 +100,7 @@ using std::min;
 
 #include "kv_write.cu"
 #include "paged_decode.cu"
+#include "paged_prefill.cu"
 
 static void trampoline() {
   g_body(g_body_arg);
@@ -182,6 +183,14 @@ extern "C" int emu_launch(const char* name, int gx, int gy, int gz, int bx, void
     auto body = [&] {
       paged_decode_reduce(ARG(0, scalar_t*), ARG(1, const float*), ARG(2, const float*),
                           ARG(3, const int*), ARG(4, int), ARG(5, int), ARG(6, long long));
+    };
+    return launch(gx, gy, gz, bx, body);
+  } else if (n == "paged_prefill") {
+    auto body = [&] {
+      paged_prefill(ARG(0, scalar_t*), ARG(1, const scalar_t*), ARG(2, const scalar_t*),
+                    ARG(3, const scalar_t*), ARG(4, const long long*), ARG(5, const int*),
+                    ARG(6, int), ARG(7, int), ARG(8, int), ARG(9, int), ARG(10, long long),
+                    ARG(11, long long), ARG(12, float));
     };
     return launch(gx, gy, gz, bx, body);
   }

@@ -16,6 +16,8 @@ __all__ = ["ContiguousAttention"]
 class ContiguousAttention:
     """One growing K/V tensor pair per layer for a single sequence."""
 
+    graph_safe = False
+
     def __init__(self, num_layers: int) -> None:
         self.k: list[torch.Tensor | None] = [None] * num_layers
         self.v: list[torch.Tensor | None] = [None] * num_layers

@@ -7,12 +7,12 @@
   ``kernel_sources.PARTITION_SIZE`` tokens with a grid fixed by ``max_model_len`` (empty splits
   exit at once) plus a reduce kernel. Context lengths and block tables are read from device
   memory, so a decode step can be captured in a CUDA graph and replayed.
-* Prefill (many query tokens): the sequence's K/V are gathered through the block table and
-  attended with ``attention.base.causal_attention`` (torch SDPA, bottom-right causal mask), the
-  same math as the torch backend. Why not a paged prefill kernel: prefill is compute-bound
-  (tensor-core flash/efficient SDPA kernels beat a CUDA-core kernel by an order of magnitude on
-  long prompts), while the gather costs one copy of the context's K/V per layer -- small next to
-  the prefill's matmuls. ``bench/gpu_decode.py`` measures time to first token with this path.
+* Prefill (many query tokens): ``paged_prefill.cu`` -- the new tokens' queries read K/V
+  straight through the block table (no gather), bottom-right causal, GQA. Its grid follows the
+  number of query rows only and the lengths (cached prefix, real new tokens) come from a device
+  buffer, so every prompt length runs the same code without per-shape planning, and a prefill
+  padded to a bucket (padding rows: slot -1, zeros out) can be captured in a CUDA graph.
+  ``attention.base.causal_attention`` (torch SDPA with a bottom-right mask) is its reference.
 
 Kernels are compiled once per (file, dtype, head_dim) and process (CuPy also caches them on
 disk), fetched in :meth:`CudaPagedAttention.warmup` -- never during graph capture -- and
@@ -29,8 +29,6 @@ import numpy as np
 import torch
 
 from orin_llm_node import kernel_sources as ks
-
-from .base import causal_attention
 
 __all__ = ["CudaPagedAttention", "cupy_available", "load_kernels"]
 
@@ -95,10 +93,10 @@ class CudaPagedAttention:
 
     Same protocol as :class:`~orin_llm_node.attention.torch_backend.TorchPagedAttention`: the
     runner calls :meth:`prepare` before each model call, then every decoder layer calls
-    :meth:`attend`. A one-token :meth:`prepare` is graph-safe: the kernels read the slot
-    mapping and the block table from the tensors passed in (used by reference, so pass the
-    same static buffers every step) and the context length from a buffer of this object that
-    ``prepare`` refills -- a captured decode step replays correctly after ``prepare``.
+    :meth:`attend`. :meth:`prepare` is graph-safe: the kernels read the slot mapping and the
+    block table from the tensors passed in (used by reference, so pass the same static buffers
+    every step) and the lengths from buffers of this object that ``prepare`` refills -- a
+    captured decode step or padded prefill replays correctly after ``prepare``.
     :meth:`prepare_decode` is the general form (several rows, caller-owned device buffers).
 
     Args:
@@ -165,27 +163,27 @@ class CudaPagedAttention:
             max_rows, num_q_heads, self.num_splits, 2, dtype=torch.float32, device=self.device
         )
         self._context_buf = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self._seq_info = torch.zeros(2, dtype=torch.int32, device=self.device)  # prefix, new
         self._scale_log2 = np.float32(head_dim ** -0.5 * _LOG2E)
         self._custom_launch = launch
         self._launch = None
         self._streams = {}
         self._reset_metadata()
 
+    graph_safe = True
+
     def _reset_metadata(self) -> None:
         self._slots = None
         self._decode = False
         self._block_tables = None
         self._context_lens = None
-        self._blocks = None
-        self._num_prefix = 0
-        self._context = 0
 
     # ----------------------------------------------------------------------------- set-up
 
     def warmup(self) -> None:
         """Compile/load the kernels and launch each once on this thread (before any capture).
 
-        The launches are no-ops (slot -1, empty context) that also initialise CuPy's
+        The launches write nothing (slot -1) and also initialise CuPy's
         per-thread CUDA state, so that later only kernel launches happen inside a capture:
         call it on the thread that will capture (the engine's worker thread).
         """
@@ -207,21 +205,27 @@ class CudaPagedAttention:
         )
         kv = dummy[:, : self.num_kv_heads]
         self.attend(0, dummy, kv, kv)
+        # A two-row prefill (one real token, one padding row; nothing written).
+        self.prepare(torch.full((2,), -1, **i64), torch.zeros(1, **i64), 0, 1)
+        rows = torch.zeros(2, self.num_q_heads, self.head_dim, dtype=self.dtype,
+                           device=self.device)
+        self.attend(0, rows, rows[:, : self.num_kv_heads], rows[:, : self.num_kv_heads])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._reset_metadata()
 
     def graph_key(self) -> tuple:
-        """Everything a captured decode step bakes in: buffer pointers and launch scalars.
+        """Everything a captured step bakes in: buffer pointers and launch scalars.
 
         A graph stays valid while this tuple is unchanged; the runner re-captures otherwise.
         """
+        if self._slots is None:
+            raise RuntimeError("graph_key() needs step metadata: call prepare() first")
+        lens = self._context_lens if self._decode else self._seq_info
         tensors = (self.kv_cache, self._part_acc, self._part_ml, self._slots,
-                   self._block_tables, self._context_lens)
-        if any(t is None for t in tensors):
-            raise RuntimeError("graph_key() needs decode metadata: call prepare() first")
+                   self._block_tables, lens)
         return (*(t.data_ptr() for t in tensors), self._block_tables.stride(0),
-                self._context_lens.shape[0], self._decode)
+                lens.shape[0], self._decode)
 
     @property
     def device_index(self) -> int:
@@ -239,29 +243,31 @@ class CudaPagedAttention:
     ) -> None:
         """Set the metadata of the next model call (same meaning as the torch backend).
 
-        ``slot_mapping [>= num_new]``: flat KV slot of each new token (-1: skip);
-        ``block_table [>= ceil(context / block_size)]``: the sequence's block ids;
-        ``num_prefix``: tokens already cached. One new token runs the decode kernels, reading
-        ``slot_mapping``/``block_table`` in place when they are int64 tensors on the KV device
-        (graph-safe); more run the gather + SDPA prefill.
+        ``slot_mapping``: flat KV slot of every row the model runs -- ``num_new`` real tokens,
+        then padding rows with slot -1 (a prefill padded to a bucket); ``block_table [>=
+        ceil(context / block_size)]``: the sequence's block ids; ``num_prefix``: tokens already
+        cached. Int64 tensors on the KV device are read in place by the kernels (pass the same
+        static buffers to replay a graph); the lengths go to device buffers of this object.
+        One row runs the decode kernels, more the paged prefill kernel.
         """
         context = num_prefix + num_new
         num_blocks = -(-context // self.block_size)
         if block_table.numel() < num_blocks:
             raise ValueError(f"block_table has {block_table.numel()} ids, need {num_blocks}")
+        if not 0 < num_new <= slot_mapping.numel():
+            raise ValueError(f"{num_new} new tokens for {slot_mapping.numel()} slots")
         slot_mapping = slot_mapping.to(device=self.device, dtype=torch.long)
         block_table = block_table.to(device=self.device, dtype=torch.long)
-        self._slots = slot_mapping[:num_new]
-        if num_new == 1:
-            self._decode = True
-            self._block_tables = block_table.reshape(1, -1)
+        self._decode = slot_mapping.numel() == 1
+        self._slots = slot_mapping
+        self._block_tables = block_table.reshape(1, -1)
+        if self._decode:
             self._context_buf.fill_(context)
             self._context_lens = self._context_buf
         else:
-            self._decode = False
-            self._blocks = block_table[:num_blocks]
-            self._num_prefix = num_prefix
-            self._context = context
+            info = torch.tensor([num_prefix, num_new], dtype=torch.int32)
+            self._seq_info.copy_(info, non_blocking=True)
+            self._context_lens = None
 
     def prepare_decode(
         self,
@@ -297,19 +303,14 @@ class CudaPagedAttention:
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """Write ``k``/``v`` by slot mapping, then attend (decode kernels or gather + SDPA)."""
+        """Write ``k``/``v`` by slot mapping, then attend (decode or paged prefill kernel)."""
         if self._launch is None:
             raise RuntimeError("call CudaPagedAttention.warmup() first (outside graph capture)")
         k_ptr, v_ptr = self._kv_ptrs[layer_idx]
         self._write(k, v, k_ptr, v_ptr)
         if self._decode:
             return self._paged_decode(q, k_ptr, v_ptr)
-        layer = self.kv_cache[layer_idx]
-        hkv, d = self.num_kv_heads, self.head_dim
-        # index_select: mixed basic/advanced indexing (layer[0, blocks]) is far slower.
-        keys = layer[0].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
-        values = layer[1].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
-        return causal_attention(q, keys, values, self._num_prefix)
+        return self._paged_prefill(q, k_ptr, v_ptr)
 
     def _stream(self):
         ptr = torch.cuda.current_stream(self.device).cuda_stream
@@ -370,5 +371,21 @@ class CudaPagedAttention:
             (out.data_ptr(), self._part_acc.data_ptr(), self._part_ml.data_ptr(),
              self._context_lens.data_ptr(), np.int32(self.num_q_heads),
              np.int32(self.num_splits), np.int64(out.stride(0))),
+        )
+        return out if q_dtype == self.dtype else out.to(q_dtype)
+
+    def _paged_prefill(self, q: torch.Tensor, k_ptr: int, v_ptr: int) -> torch.Tensor:
+        q_dtype = q.dtype
+        q = self._rows(q, self.num_q_heads)
+        n = q.shape[0]
+        out = torch.empty(n, self.num_q_heads, self.head_dim, dtype=self.dtype,
+                          device=self.device)
+        tiles = -(-n * self.group_size // ks.PREFILL_ROWS)
+        self._launch(
+            "paged_prefill", (self.num_kv_heads, tiles), (ks.NUM_THREADS,),
+            (out.data_ptr(), q.data_ptr(), k_ptr, v_ptr, self._block_tables.data_ptr(),
+             self._seq_info.data_ptr(), np.int32(n), np.int32(self.num_kv_heads),
+             np.int32(self.group_size), np.int32(self.block_size), np.int64(q.stride(0)),
+             np.int64(out.stride(0)), self._scale_log2),
         )
         return out if q_dtype == self.dtype else out.to(q_dtype)

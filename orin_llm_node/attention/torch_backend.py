@@ -22,6 +22,8 @@ class TorchPagedAttention:
     CUDA backend reads the same metadata from device buffers instead).
     """
 
+    graph_safe = False
+
     def __init__(self, kv_cache: torch.Tensor):
         if kv_cache.dim() != 6 or kv_cache.shape[1] != 2:
             raise ValueError(
@@ -43,9 +45,10 @@ class TorchPagedAttention:
     ) -> None:
         """Set the metadata of the next model call.
 
-        ``slot_mapping [num_new]``: flat KV slot (block * block_size + offset) of each new token;
-        ``block_table``: the sequence's block ids (at least ``ceil(context / block_size)``);
-        ``num_prefix``: tokens already in the cache before the new ones.
+        ``slot_mapping [>= num_new]``: flat KV slot (block * block_size + offset) of each new
+        token (rows past ``num_new`` are padding of a bucketed prefill: never written, zeros
+        out); ``block_table``: the sequence's block ids (at least ``ceil(context /
+        block_size)``); ``num_prefix``: tokens already in the cache before the new ones.
         """
         self._slots = slot_mapping[:num_new]
         self._num_prefix = num_prefix
@@ -56,7 +59,15 @@ class TorchPagedAttention:
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """Write ``k``/``v`` by slot mapping, gather the context by block table, attend."""
+        """Write ``k``/``v`` by slot mapping, gather the context by block table, attend.
+
+        ``q``/``k``/``v`` may carry padding rows after the ``num_new`` real ones (a prefill
+        padded to a bucket): they are not written and their output rows are zeros.
+        """
+        rows = q.shape[0]
+        num_new = self._slots.shape[0]
+        if rows > num_new:
+            q, k, v = q[:num_new], k[:num_new], v[:num_new]
         layer = self.kv_cache[layer_idx]  # [2, blocks, block_size, Hkv, D]
         hkv, d = layer.shape[-2:]
         flat = layer.view(2, -1, hkv, d)
@@ -66,8 +77,12 @@ class TorchPagedAttention:
         keys = layer[0].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
         values = layer[1].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
         if q.shape[0] == 1:
-            return _single_query_attention(q, keys, values)
-        return causal_attention(q, keys, values, self._num_prefix)
+            out = _single_query_attention(q, keys, values)
+        else:
+            out = causal_attention(q, keys, values, self._num_prefix)
+        if rows > num_new:
+            out = torch.cat([out, out.new_zeros(rows - num_new, *out.shape[1:])])
+        return out
 
 
 def _single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
