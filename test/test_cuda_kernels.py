@@ -139,7 +139,7 @@ def test_backend_matches_torch_backend_prefill_then_decode(dtype):
         for backend in (attn, ref):
             backend.prepare(slots, table, context, n)
             outs.append(backend.attend(0, q, k, v))
-        tol = 2 * _ATOL[dtype] if n == 1 else 0.0  # prefill: the same torch code
+        tol = 2 * _ATOL[dtype]  # decode / paged prefill kernels vs gather + SDPA
         assert (outs[0].double() - outs[1].double()).abs().max().item() <= tol
         context += n
     assert torch.equal(attn.kv_cache, ref.kv_cache)
