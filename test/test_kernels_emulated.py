@@ -138,7 +138,7 @@ def test_backend_validation():
 
 
 def test_model_runner_decode_across_blocks(tiny_ckpt):
-    """The tiny model decoding through the emulated kernels tracks the torch backend.
+    """The tiny model prefilling and decoding through the emulated kernels tracks torch.
 
     A 300-token prompt (two decode partitions, three splits with max_model_len 600) and 24
     teacher-forced decode steps across block boundaries, with a shuffled block table; logits
@@ -166,8 +166,8 @@ def test_model_runner_decode_across_blocks(tiny_ckpt):
     table = rng.sample(range(num_blocks), 22)
     prompt = [rng.randrange(tc.vocab_size) for _ in range(300)]
     pos = np.tile(np.arange(len(prompt)), (3, 1))
-    logits = [r.prefill(prompt, pos, table, 0) for r in runners]
-    assert torch.equal(logits[0], logits[1])
+    logits = [r.prefill(prompt, pos, table, 0) for r in runners]  # SDPA vs paged prefill
+    assert (logits[0] - logits[1]).abs().max().item() < 1e-4
     token = int(logits[0].argmax())
     for step in range(24):
         context = len(prompt) + step + 1

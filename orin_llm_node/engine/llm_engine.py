@@ -130,6 +130,33 @@ class LLMEngine:
         """Start a conversation; the system prompt's blocks are shared through the cache."""
         return Conversation(system_prompt, self.prompts.system_segment(system_prompt))
 
+    def warmup(self, image_sizes=()) -> float:
+        """Do at start-up what would otherwise stall the first prompts; returns the seconds.
+
+        Runs the vision tower once per distinct patch grid of ``image_sizes`` (``(height,
+        width)`` of the camera frames; each is resized as a real frame would be, within
+        ``image_max_pixels``), which keeps the grid's position embeddings and rotary and, on a
+        GPU, loads the tower's kernels for that shape; then captures the bucketed prefill
+        graphs (CUDA only). Call it on the thread that will run the engine; nothing is added
+        to the vision or prefix caches.
+        """
+        t0 = time.perf_counter()
+        processor = self.prompts.image_processor
+        grids = set()
+        for height, width in image_sizes:
+            frame = np.zeros((int(height), int(width), 3), dtype=np.uint8)
+            image = processor.preprocess(frame)
+            if image.grid_thw not in grids:
+                grids.add(image.grid_thw)
+                self.runner.encode_image(image.pixel_values, image.grid_thw)
+        self.runner.capture_prefill_graphs()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        log.info("warm-up: %d image grid(s) %s, prefill graphs %s, %.2f s", len(grids),
+                 sorted(grids), "captured" if self.runner.prefill_graphs else "off", seconds)
+        return seconds
+
     def cancel(self) -> None:
         """Stop the generation in progress at its next step (thread-safe)."""
         self._cancel.set()

@@ -127,7 +127,7 @@ class ModelRunner:
     def encode_image(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]):
         """Vision tower output (merger + DeepStack rows) of one image, on the device."""
         pv = pixel_values.to(self.device, self.dtype)
-        grid = torch.tensor([grid_thw], dtype=torch.long, device=self.device)
+        grid = torch.tensor([grid_thw], dtype=torch.long)  # host: the tower caches per grid
         return self.model.encode_images(pv, grid)
 
     # ---- prefill ---------------------------------------------------------------------------
