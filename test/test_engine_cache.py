@@ -57,9 +57,12 @@ def test_second_turn_and_new_conversation_hit_the_cache(tiny_ckpt, ref, block_si
     assert r2.cached_tokens >= (p + a - 1) // block_size * block_size
     assert_cold(ref, r2, 12)
     used_before = pool_invariants(eng, [conv]).used_blocks
+    # Blocks past the history hold only the next turn's header, computed ahead: not hashable.
+    ahead = -(-(conv.num_kv_tokens + len(conv.kv_ahead)) // block_size) - (
+        conv.num_kv_tokens // block_size)
     eng.reset(conv)
     s = pool_invariants(eng)
-    assert s.used_blocks == 0 and s.cached_blocks >= used_before - 1
+    assert s.used_blocks == 0 and s.cached_blocks >= used_before - max(1, ahead)
     # A new conversation with the same system prompt (and first image) hits those blocks.
     other = eng.new_conversation(SYSTEM)
     r3 = eng.chat(other, "What is in front of you?", [img], SamplingParams(max_tokens=12))
@@ -251,7 +254,8 @@ def test_random_operations_keep_pool_invariants(tiny_ckpt):
             eng.reset()
         pool_invariants(eng, convs)
         for c in convs:
-            assert c.num_kv_tokens < len(c.token_ids) or not c.token_ids
+            # Between turns the whole history may have K/V (computed after the answer).
+            assert c.num_kv_tokens <= len(c.token_ids)
             assert len(c.block_table) * 4 >= c.num_kv_tokens
     s = eng.stats()
     assert s.exhaustion_events > 0 and s.evictions > 0 and s.prefix_hits > 0

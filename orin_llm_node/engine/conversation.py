@@ -68,6 +68,10 @@ class Conversation:
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []
         self.num_kv_tokens = 0
+        # Ids past token_ids whose K/V are already in the blocks: the header the next user turn
+        # is expected to start with, prefilled after an answer (LLMEngine); the next turn
+        # keeps the part of it that its tokens really start with.
+        self.kv_ahead: list[int] = []
 
     @property
     def num_turns(self) -> int:
@@ -87,6 +91,7 @@ class Conversation:
         self.block_table = []
         self.block_hashes = []
         self.num_kv_tokens = 0
+        self.kv_ahead = []
 
     def replace_segments(self, segments: list[Segment]) -> None:
         """Set the history to ``segments`` (after dropping turns); KV must be cleared first."""
@@ -162,6 +167,15 @@ class PromptBuilder:
         pads = [i for i, t in enumerate(raw) if t == self.image_token_id]
         offsets = [i + sum(counts[:k]) - k for k, i in enumerate(pads)]
         return Segment([user], ids, list(zip(offsets, refs, strict=True)))
+
+    def user_header(self, conv: Conversation) -> list[int]:
+        r"""Ids every next user turn of ``conv`` starts with (e.g. ``\n<|im_start|>user\n``).
+
+        What the template renders before the message text: the ids of a text-free turn up to
+        its ``<|im_end|>``. Empty when the template puts nothing fixed there.
+        """
+        ids = self.user_turn(conv, "", []).token_ids
+        return ids[: ids.index(self.im_end_id)] if self.im_end_id in ids else []
 
     def positions(self, token_ids: list[int], spans) -> tuple[np.ndarray, int]:
         """M-RoPE positions ``[3, N]`` of a whole history and the start of what follows."""

@@ -211,6 +211,8 @@ class LLMEngine:
         finally:
             self._close_turn(conv, turn, state)
         yield StreamEvent(state.tail, result=state.result)
+        # The answer is out; until the next prompt arrives the engine is idle.
+        self._prefill_ahead(conv)
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -311,6 +313,26 @@ class LLMEngine:
                 return
             logits = runner.decode(token, next_pos + len(gen) - 1, conv.block_table, context)
             sched.kv_written(conv, context)
+
+    def _prefill_ahead(self, conv: Conversation) -> None:
+        # K/V of the answer's last tokens (sampled, never fed back) and of the header every
+        # next user turn starts with, computed right after the answer is delivered: a
+        # follow-up then prefills only its own text (the next turn checks the header matches).
+        if (not self.config.enable_prefix_cache or conv.kv_ahead
+                or conv.id not in self._conversations):
+            return
+        prompt, start = conv.token_ids, conv.num_kv_tokens
+        spans = conv.image_spans()
+        if any(s + img.num_tokens > start for s, img in spans):
+            return  # a turn cancelled before its prefill: its images need the vision tower
+        header = self.prompts.user_header(conv)
+        ids = prompt + header
+        if len(ids) >= self.config.max_model_len or not self.scheduler.reserve(conv, len(ids)):
+            return
+        positions, _ = self.prompts.positions(ids, spans)
+        self.runner.prefill(ids[start:], positions[:, start:], conv.block_table, start)
+        self.scheduler.kv_written(conv, len(prompt))
+        conv.kv_ahead = header
 
     def _close_turn(self, conv: Conversation, turn, state: "_TurnState") -> None:
         # Runs whatever ended the turn (finish, error, a closed stream): the history stays a

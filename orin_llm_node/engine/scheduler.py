@@ -153,6 +153,15 @@ class Scheduler:
             pool.dropped_turns += plan.drop
         if plan.pool_drop:
             pool.exhaustion_events += 1
+        if plan.keep_kv:
+            # K/V computed ahead for the header this turn was expected to start with: keep the
+            # part that matches (never the prompt's last token, whose logits are needed).
+            ahead, ids = conv.kv_ahead, turn.token_ids
+            n = 0
+            while n < min(len(ahead), len(ids) - 1) and ahead[n] == ids[n]:
+                n += 1
+            conv.num_kv_tokens += n
+        conv.kv_ahead = []
         conv.segments.append(turn)
         conv.token_ids.extend(turn.token_ids)
         if not plan.keep_kv:
