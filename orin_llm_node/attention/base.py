@@ -1,10 +1,13 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""The attention backend interface the decoder calls, and the shared causal attention math.
+"""The attention backend contract the decoder and the runner use, and the shared torch math.
 
-The model never owns a KV cache: each decoder layer hands its new q/k/v to a backend, which
-stores k/v wherever it keeps them (contiguous tensors, paged blocks) and returns the attention
-output over everything the sequence has cached so far plus the new tokens.
+The model never owns a KV cache: each decoder layer hands its new q/k/v projections to a
+backend, which applies q/k-norm and RoPE, stores k/v wherever it keeps them (contiguous
+tensors, paged blocks) and returns the attention output over everything the sequence has
+cached so far plus the new tokens. The runner talks to a backend only through this contract
+(``prepare``, ``attend_qkv``/``attend``, ``graph_key``); the torch bodies every backend shares
+(q/k-norm + RoPE, gather through a block table + causal SDPA) live here, once.
 """
 
 from typing import Protocol
@@ -13,17 +16,34 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 import torch.nn.functional as F
 
-__all__ = ["AttentionBackend", "causal_attention"]
+from orin_llm_node.layers.rotary_embedding import apply_rope
+
+__all__ = ["AttentionBackend", "causal_attention", "gather_kv"]
 
 
 class AttentionBackend(Protocol):
-    """What a decoder layer needs from a KV store (paged backends also take ``prepare``).
+    """What a decoder layer and the model runner need from a KV store.
 
-    ``graph_safe``: whether a model call through this backend may be captured in a CUDA graph
-    (its kernels read every per-step value from device buffers that ``prepare`` refills).
+    Concrete backends subclass it to inherit the torch :meth:`attend_qkv` and
+    :meth:`graph_key`; a backend with a fused kernel overrides them. ``graph_safe``: whether a
+    model call through the backend may be captured in a CUDA graph (its kernels read every
+    per-step value from device buffers that :meth:`prepare` refills).
     """
 
-    graph_safe: bool
+    graph_safe: bool = False
+
+    def prepare(self, slot_mapping: torch.Tensor, block_table: torch.Tensor, num_prefix: int,
+                num_new: int) -> None:
+        """
+        Set the metadata of the next model call (paged backends).
+
+        ``slot_mapping [>= num_new]``: flat KV slot (block * block_size + offset) of each new
+        token, then -1 for padding rows of a prefill padded to a bucket (the model runs every
+        row of ``slot_mapping``; padding rows write no KV and their output is zeros);
+        ``block_table``: the sequence's block ids (at least ``ceil(context / block_size)``);
+        ``num_prefix``: tokens already cached before the new ones.
+        """
+        ...
 
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -35,6 +55,29 @@ class AttentionBackend(Protocol):
         rotated); returns ``[N, Hq, D]`` with softmax scale ``D ** -0.5``.
         """
         ...
+
+    def attend_qkv(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   q_norm, k_norm, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """
+        :meth:`attend` on the raw projections: q/k-norm and RoPE applied first.
+
+        ``q [N, Hq, D]``, ``k``/``v [N, Hkv, D]`` may be views into one merged qkv output;
+        ``q_norm``/``k_norm`` are the layer's RMSNorm modules (over ``D``), ``cos``/``sin``
+        ``[N, D]`` the step's rotary tables. Torch body: the CPU path and the oracle of the
+        fused q/k-norm + RoPE + KV-write kernel.
+        """
+        q = apply_rope(q_norm(q), cos, sin)
+        k = apply_rope(k_norm(k), cos, sin)
+        return self.attend(layer_idx, q, k, v)
+
+    def graph_key(self) -> tuple | None:
+        """
+        What a captured decode step bakes in (pointers, launch scalars), or None.
+
+        None means this backend's decode step cannot be captured in a CUDA graph. Call after
+        :meth:`prepare`; the runner re-captures whenever the tuple changes.
+        """
+        return None
 
 
 def causal_attention(
@@ -66,3 +109,16 @@ def causal_attention(
         qh, kh, vh, attn_mask=mask, is_causal=causal, scale=q.shape[-1] ** -0.5, enable_gqa=gqa
     )
     return out[0].transpose(0, 1)
+
+
+def gather_kv(kv_layer: torch.Tensor, blocks: torch.Tensor,
+              context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[context, Hkv, D]`` of a sequence, gathered through its ``blocks``.
+
+    ``kv_layer`` is one layer of the paged KV tensor, ``[2, blocks, block_size, Hkv, D]``.
+    """
+    hkv, d = kv_layer.shape[-2:]
+    # index_select, not layer[0, blocks]: mixed basic/advanced indexing is ~1000x slower.
+    keys = kv_layer[0].index_select(0, blocks).view(-1, hkv, d)[:context]
+    values = kv_layer[1].index_select(0, blocks).view(-1, hkv, d)[:context]
+    return keys, values

@@ -30,6 +30,8 @@ import torch
 
 from orin_llm_node import kernel_sources as ks
 
+from .base import AttentionBackend
+
 __all__ = ["CudaPagedAttention", "cupy_available", "load_kernels"]
 
 _LOG2E = 1.4426950408889634
@@ -88,7 +90,7 @@ def load_kernels(dtype: str, head_dim: int, device_index: int) -> dict:
     return functions
 
 
-class CudaPagedAttention:
+class CudaPagedAttention(AttentionBackend):
     """Attention backend over the runner's KV tensor ``[layers, 2, blocks, block_size, Hkv, D]``.
 
     Same protocol as :class:`~orin_llm_node.attention.torch_backend.TorchPagedAttention`: the
