@@ -3,7 +3,7 @@
 """Time to first token: the cold image turn, follow-ups of never-seen lengths, the vision tower.
 
 For each model (random weights; GPU: the published 2B / 8B shapes in bf16 with CUDA graphs,
-CPU: a small shape in fp32), in one run:
+CPU: the mid-size shape of bench/engine_vs_reference.py in fp32), in one run:
 
 * ``warmup_s``: ``LLMEngine.warmup`` for 448x448 and 640x480 frames (vision per grid, prefill
   graph capture), done once at load like the node does;
@@ -41,6 +41,7 @@ import torch
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+import engine_vs_reference as evr  # noqa: E402  (the CPU shape: its mid-size model)
 import gpu_decode as gd  # noqa: E402  (model set-up shared with the decode benchmark)
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
@@ -50,22 +51,11 @@ from orin_llm_node.testing import tiny_checkpoint  # noqa: E402
 FRAMES = {"448x448": (448, 448), "640x480": (480, 640)}
 # Follow-up question lengths (tokens of text): all different, so every suffix is a new shape.
 FOLLOW_UPS = (9, 14, 19, 23, 28, 33, 38, 44, 51, 60)
-# The CPU shape: the text decoder of bench/engine_vs_reference.py, a 4-block vision tower.
-SMALL_TEXT = {
-    "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                        "mrope_section": [12, 10, 10], "mrope_interleaved": True},
-}
-SMALL_VISION = {"depth": 4, "hidden_size": 128, "intermediate_size": 256, "num_heads": 4,
-                "deepstack_visual_indexes": [1, 2, 3]}
-
-
 def model_dir(size: str, out: Path) -> Path:
     if size != "small":
         return gd.make_model_dir(size, out)
-    path = tiny_checkpoint.make_tiny_checkpoint(out, text_config=SMALL_TEXT,
-                                                vision_config=SMALL_VISION)
+    path = tiny_checkpoint.make_tiny_checkpoint(out, text_config=evr.TEXT,
+                                                vision_config=evr.VISION)
     tiny_checkpoint.write_preprocessor_config(path, min_pixels=256 * 256,
                                               max_pixels=4096 * 4096)
     return path
