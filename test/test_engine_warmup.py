@@ -3,6 +3,7 @@
 """``LLMEngine.warmup``: the vision tower's per-grid inputs are ready before the first frame."""
 
 from _engine_reference import random_image
+import numpy as np
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
 
@@ -28,3 +29,14 @@ def test_warmup_covers_the_frame_sizes_and_changes_no_answer(tiny_ckpt):
                                 SamplingParams(max_tokens=8, ignore_eos=True)).token_ids)
     assert answers[0] == answers[1]
     assert len(tower._grids) == 2, "the frame's grid was prepared by the warm-up"
+
+
+def test_warmup_defaults_to_common_camera_sizes(tiny_ckpt):
+    from orin_llm_node.engine.llm_engine import COMMON_FRAME_SIZES
+
+    eng = LLMEngine(EngineConfig(model_path=tiny_ckpt, device="cpu", num_kv_blocks=64))
+    eng.warmup()
+    processor = eng.prompts.image_processor
+    grids = {processor.preprocess(np.zeros((h, w, 3), np.uint8)).grid_thw
+             for h, w in COMMON_FRAME_SIZES}
+    assert set(eng.model.visual._grids) == {(g,) for g in grids}

@@ -31,6 +31,9 @@ __all__ = ["ChatResult", "LLMEngine", "StreamEvent"]
 log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("stop", "length", "kv_exhausted", "context_full", "cancelled", "timeout")
+#: Camera frame sizes (height, width) ``warmup`` prepares when given none: VGA, the 16:9
+#: sizes of common depth/colour cameras, and a square crop.
+COMMON_FRAME_SIZES = ((480, 640), (480, 848), (720, 1280), (1080, 1920), (448, 448))
 
 
 @dataclass
@@ -130,16 +133,18 @@ class LLMEngine:
         """Start a conversation; the system prompt's blocks are shared through the cache."""
         return Conversation(system_prompt, self.prompts.system_segment(system_prompt))
 
-    def warmup(self, image_sizes=()) -> float:
+    def warmup(self, image_sizes=None) -> float:
         """Do at start-up what would otherwise stall the first prompts; returns the seconds.
 
         Runs the vision tower once per distinct patch grid of ``image_sizes`` (``(height,
-        width)`` of the camera frames; each is resized as a real frame would be, within
-        ``image_max_pixels``), which keeps the grid's position embeddings and rotary and, on a
-        GPU, loads the tower's kernels for that shape; then captures the bucketed prefill
-        graphs (CUDA only). Call it on the thread that will run the engine; nothing is added
-        to the vision or prefix caches.
+        width)`` of the camera frames, default ``COMMON_FRAME_SIZES``; each is resized as a
+        real frame would be, within ``image_max_pixels``), which keeps the grid's position
+        embeddings and rotary and, on a GPU, loads the tower's kernels for that shape; then
+        captures the bucketed prefill graphs (CUDA only). Call it on the thread that will run
+        the engine; nothing is added to the vision or prefix caches.
         """
+        if image_sizes is None:
+            image_sizes = COMMON_FRAME_SIZES
         t0 = time.perf_counter()
         processor = self.prompts.image_processor
         grids = set()
