@@ -57,12 +57,9 @@ def test_second_turn_and_new_conversation_hit_the_cache(tiny_ckpt, ref, block_si
     assert r2.cached_tokens >= (p + a - 1) // block_size * block_size
     assert_cold(ref, r2, 12)
     used_before = pool_invariants(eng, [conv]).used_blocks
-    # Blocks past the history hold only the next turn's header, computed ahead: not hashable.
-    ahead = -(-(conv.num_kv_tokens + len(conv.kv_ahead)) // block_size) - (
-        conv.num_kv_tokens // block_size)
     eng.reset(conv)
     s = pool_invariants(eng)
-    assert s.used_blocks == 0 and s.cached_blocks >= used_before - max(1, ahead)
+    assert s.used_blocks == 0 and s.cached_blocks >= used_before - 1
     # A new conversation with the same system prompt (and first image) hits those blocks.
     other = eng.new_conversation(SYSTEM)
     r3 = eng.chat(other, "What is in front of you?", [img], SamplingParams(max_tokens=12))
@@ -118,7 +115,7 @@ def test_hit_ending_inside_an_image_equals_cold_run(tiny_ckpt, ref, block_size,
     for n in range(block_size):
         system = SYSTEM + " " + "1" * n  # one token per digit (Qwen splits digits)
         conv = eng.new_conversation(system)
-        turn = eng.prompts.user_turn(conv, "What shape is it?", [img])
+        turn = eng.prompts.user_turn(conv.messages(), "What shape is it?", [img])
         s = len(conv.token_ids) + turn.images[0][0]
         if (s + 65) % block_size >= 2:
             break
@@ -218,12 +215,13 @@ def test_exhaustion_truncates_rejects_and_recovers(tiny_ckpt, ref):
     ok = eng.chat(conv, "Hello.", sampling=SamplingParams(max_tokens=4, ignore_eos=True))
     assert ok.finish_reason == "length"
     assert_cold(ref, ok, 4, ignore_eos=True)
-    # Another conversation holding blocks is never touched by this one's ladder.
     eng.reset()
 
 
 def test_random_operations_keep_pool_invariants(tiny_ckpt):
-    eng = make_engine(tiny_ckpt, 4, num_kv_blocks=40, max_model_len=120)
+    # A pool smaller than one conversation at max_model_len (30 blocks): idle conversations give
+    # way first, and the rest of the ladder still runs for the active one.
+    eng = make_engine(tiny_ckpt, 4, num_kv_blocks=20, max_model_len=120)
     rng = random.Random(1)
     words = "robot red blue cube table door left right path clear camera shelf".split()
     images = [random_image(50 + i, 64, 64 + 32 * i) for i in range(3)]
@@ -254,11 +252,11 @@ def test_random_operations_keep_pool_invariants(tiny_ckpt):
             eng.reset()
         pool_invariants(eng, convs)
         for c in convs:
-            # Between turns the whole history may have K/V (computed after the answer).
-            assert c.num_kv_tokens <= len(c.token_ids)
+            assert c.num_kv_tokens < len(c.token_ids) or not c.token_ids
             assert len(c.block_table) * 4 >= c.num_kv_tokens
     s = eng.stats()
     assert s.exhaustion_events > 0 and s.evictions > 0 and s.prefix_hits > 0
+    assert s.idle_releases > 0
     assert {"cancelled", "kv_exhausted"} <= reasons
     eng.reset()
     assert pool_invariants(eng).used_blocks == 0
