@@ -72,6 +72,7 @@ def run_ours(ckpt: str, device: str, threads: int, repeat: int, queue) -> None:
     """Child process: our engine, with and without the prefix cache."""
     _set_threads(threads)
     from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
+    from orin_llm_node.engine.vision_cache import VisionCache
 
     out = {}
     t = time.perf_counter()
@@ -83,13 +84,13 @@ def run_ours(ckpt: str, device: str, threads: int, repeat: int, queue) -> None:
     warm = eng.new_conversation()
     eng.chat(warm, "Hello.", [img], SamplingParams(max_tokens=8, ignore_eos=True))
     eng.reset(warm)
-    eng.vision_cache.clear()
+    eng.vision_cache = VisionCache(eng.vision_cache.max_bytes)
     eng.pool.clear_cache()  # a cold first turn: nothing from the warm-up is reused
 
     ttft, vision, decode, turn2 = [], [], [], []
     for _ in range(repeat):  # cold first turn + follow-up; the medians are reported
         eng.reset()
-        eng.vision_cache.clear()
+        eng.vision_cache = VisionCache(eng.vision_cache.max_bytes)
         eng.pool.clear_cache()
         conv = eng.new_conversation()
         r1 = eng.chat(conv, PROMPT, [img], greedy)

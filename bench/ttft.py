@@ -46,6 +46,7 @@ import gpu_decode as gd  # noqa: E402  (model set-up shared with the decode benc
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 import orin_llm_node.engine.llm_engine as llm_engine_module  # noqa: E402
+from orin_llm_node.engine.vision_cache import VisionCache  # noqa: E402
 from orin_llm_node.testing import tiny_checkpoint  # noqa: E402
 
 FRAMES = {"448x448": (448, 448), "640x480": (480, 640)}
@@ -130,7 +131,7 @@ def bench_model(size: str, args, workdir: Path) -> dict:
     cold, vision, conv = [], [], None
     for i in range(args.repeat):  # cold: nothing cached from earlier repeats
         engine.reset()
-        engine.vision_cache.clear()
+        engine.vision_cache = VisionCache(engine.vision_cache.max_bytes)
         engine.pool.clear_cache()
         conv = engine.new_conversation()
         res = engine.chat(conv, gd.prompt_of(engine, 32, 100 + i), [frame], greedy)
