@@ -118,8 +118,8 @@ def run_ours(ckpt: str, device: str, threads: int, repeat: int, queue) -> None:
         tc.num_hidden_layers * 2 * MAX_MODEL_LEN * tc.num_key_value_heads * tc.head_dim
         * itemsize
     )
-    out["block_size"] = eng.block_size
-    out["bytes_per_block"] = eng.bytes_per_block
+    out["block_size"] = stats.block_size
+    out["bytes_per_block"] = stats.bytes_per_block
     out["dtype"] = str(eng.dtype).replace("torch.", "")
     out["kv_pool_bytes"] = eng.runner.kv_cache.numel() * itemsize
     out["peak_rss_mb"] = _peak_rss_mb()  # before the second engine below
