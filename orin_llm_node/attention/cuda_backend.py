@@ -112,6 +112,8 @@ class CudaPagedAttention(AttentionBackend):
             Tests pass a CPU emulator here to check this class without a GPU.
     """
 
+    graph_safe = True
+
     def __init__(
         self,
         kv_cache: torch.Tensor,
@@ -171,8 +173,6 @@ class CudaPagedAttention(AttentionBackend):
         self._launch = None
         self._streams = {}
         self._reset_metadata()
-
-    graph_safe = True
 
     def _reset_metadata(self) -> None:
         self._slots = None
