@@ -18,7 +18,8 @@
 //   PARTITION_SIZE  tokens per shared-memory pass of a decode split
 //   SPLIT_MIN_TOKENS  fewest tokens worth a decode split of their own
 //   MAX_GROUP       query heads (of one KV head) handled by one decode CTA
-//   NUM_THREADS     threads per CTA of the kv_write / decode / per-head kernels
+//   NUM_THREADS     threads per CTA of the kv_write / decode / prefill / per-head kernels
+//   PREFILL_ROWS_PER_WARP  query rows each warp of a paged_prefill CTA scores (prefill only)
 #pragma once
 
 #if !defined(KV_DTYPE_ID) || !defined(HEAD_DIM) || !defined(PARTITION_SIZE) || \

@@ -27,6 +27,8 @@ __all__ = [
     "MAX_GROUP",
     "NUM_THREADS",
     "PARTITION_SIZE",
+    "PREFILL_ROWS",
+    "PREFILL_ROWS_PER_WARP",
     "SPLIT_MIN_TOKENS",
     "KernelVariant",
     "kernel_source",
@@ -46,20 +48,25 @@ PARTITION_SIZE = 256
 SPLIT_MIN_TOKENS = 16
 #: Query heads of one KV head served by one decode CTA (larger GQA groups use more CTAs).
 MAX_GROUP = 8
-#: Threads per CTA of kv_write, paged_decode_split, qk_norm_rope_kv_write and silu_and_mul.
+#: Threads per CTA of kv_write, paged_decode_split, paged_prefill, qk_norm_rope_kv_write and
+#: silu_and_mul.
 NUM_THREADS = 128
 
-#: Kernel file -> the extern "C" functions the runtime fetches from it. Prefill attention is
-#: gather + torch SDPA (see attention/cuda_backend.py), so there is no paged_prefill.cu.
+#: Kernel file -> the extern "C" functions the runtime fetches from it.
 #: rms_norm.cu and silu_mul.cu do not depend on HEAD_DIM; they are built with each variant
 #: anyway (one module per variant keeps a single compile path).
 KERNEL_FILES = {
     "kv_write.cu": ("kv_write",),
     "paged_decode.cu": ("paged_decode_split", "paged_decode_reduce"),
+    "paged_prefill.cu": ("paged_prefill",),
     "qk_norm_rope_kv.cu": ("qk_norm_rope_kv_write",),
     "rms_norm.cu": ("rms_norm", "add_rms_norm"),
     "silu_mul.cu": ("silu_and_mul",),
 }
+#: Query rows ((token, head) pairs of one KV head) that each warp of a paged_prefill CTA scores.
+PREFILL_ROWS_PER_WARP = 4
+#: Query rows per paged_prefill CTA (the launcher sizes the grid with it).
+PREFILL_ROWS = NUM_THREADS // 32 * PREFILL_ROWS_PER_WARP
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
@@ -119,6 +126,7 @@ def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None)
         f"-DSPLIT_MIN_TOKENS={SPLIT_MIN_TOKENS}",
         f"-DMAX_GROUP={MAX_GROUP}",
         f"-DNUM_THREADS={NUM_THREADS}",
+        f"-DPREFILL_ROWS_PER_WARP={PREFILL_ROWS_PER_WARP}",
     )
     return KernelVariant(
         file=file,

@@ -2,6 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The CUDA kernels on a GPU against a float64 torch reference (marker ``gpu``).
 
+Paged prefill: many lengths (one compiled code path, no per-shape planning), padding rows
+under a captured graph replayed with new lengths, prefixes and block tables, and the tiny
+model's bucketed prefill graphs against eager prefill (the same logic runs on the CPU in
+test_paged_prefill_emulated.py and test_prefill_buckets.py).
+
 Dtypes x head dims x GQA ratios, random block tables, context lengths across many blocks and
 decode splits; fp16 max |err| <= 2e-3. Also: KV write (strided input, slot -1), the fused
 RMSNorm / add+RMSNorm / SiLU x up / q-k-norm + M-RoPE + KV-write kernels against their torch
@@ -10,6 +15,9 @@ CUDA graph reading new metadata at replay, and bitwise determinism. Skips withou
 CuPy.
 """
 
+import random
+
+import numpy as np
 import pytest
 import torch
 
@@ -198,7 +206,7 @@ def test_backend_matches_torch_backend_prefill_then_decode(dtype):
         for backend in (attn, ref):
             backend.prepare(slots, table, context, n)
             outs.append(backend.attend(0, q, k, v))
-        tol = 2 * _ATOL[dtype] if n == 1 else 0.0  # prefill: the same torch code
+        tol = 2 * _ATOL[dtype]  # decode / paged prefill kernels vs gather + SDPA
         assert (outs[0].double() - outs[1].double()).abs().max().item() <= tol
         context += n
     assert torch.equal(attn.kv_cache, ref.kv_cache)
@@ -238,3 +246,96 @@ def test_deterministic():
     first = attn.attend(0, q, k, v)
     for _ in range(3):
         assert torch.equal(attn.attend(0, q, k, v), first)
+
+
+def reference_prefill(kv_layer, q, table, num_prefix, num_new):
+    hq, d = q.shape[1:]
+    hkv = kv_layer.shape[-2]
+    t = torch.arange(num_prefix + num_new, device=DEV)
+    slots = table[t // 16] * 16 + t % 16
+    k = kv_layer[0].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
+    v = kv_layer[1].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
+    s = torch.einsum("nhd,thd->nht", q[:num_new].double(), k) * d ** -0.5
+    visible = t[None] <= num_prefix + torch.arange(num_new, device=DEV)[:, None]
+    s = s.masked_fill(~visible[:, None], float("-inf"))
+    return torch.einsum("nht,thd->nhd", s.softmax(-1), v)
+
+
+@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("head_dim,hq,hkv", [(128, 16, 8), (128, 32, 8), (64, 8, 2),
+                                             (32, 4, 2)])
+def test_prefill_kernel_matches_reference(dtype, head_dim, hq, hkv):
+    attn, gen = make_backend(dtype, head_dim, hq, hkv, num_blocks=512, max_model_len=8192)
+    table = torch.randperm(512, generator=gen, device=DEV)
+    for num_prefix, n in ((0, 242), (243, 31), (1000, 7), (17, 64), (4000, 129)):
+        t = torch.arange(num_prefix, num_prefix + n, device=DEV)
+        slots = table[t // 16] * 16 + t % 16
+        q, k, v = (torch.randn(n, h, head_dim, generator=gen, device=DEV).to(attn.dtype)
+                   for h in (hq, hkv, hkv))
+        attn.prepare(slots, table, num_prefix, n)
+        out = attn.attend(1, q, k, v)
+        ref = reference_prefill(attn.kv_cache[1], q, table, num_prefix, n)
+        err = (out.double() - ref).abs().max().item()
+        assert err <= _ATOL[dtype], (num_prefix, n, err)
+
+
+def test_padded_prefill_graph_replays_new_lengths():
+    """One capture of a 64-row padded prefill, replayed for new prefixes and lengths."""
+    attn, gen = make_backend("bfloat16", 128, 16, 8, num_blocks=512, max_model_len=8192)
+    size = 64
+    table = torch.zeros(512, dtype=torch.long, device=DEV)
+    slots = torch.full((size,), -1, dtype=torch.long, device=DEV)
+    q = torch.zeros(size, 16, 128, dtype=torch.bfloat16, device=DEV)
+    k = torch.zeros(size, 8, 128, dtype=torch.bfloat16, device=DEV)
+    v = torch.zeros_like(k)
+    attn.prepare(slots, table, 0, 1)
+    attn.attend(0, q, k, v)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        out = attn.attend(0, q, k, v)
+    perm = torch.randperm(512, generator=gen, device=DEV)
+    for num_prefix, n in ((0, 64), (243, 5), (1001, 33), (16, 64), (3000, 1)):
+        table.copy_(perm)
+        t = torch.arange(num_prefix, num_prefix + n, device=DEV)
+        slots.fill_(-1)
+        slots[:n] = table[t // 16] * 16 + t % 16
+        for buf, h in ((q, 16), (k, 8), (v, 8)):
+            buf.copy_(torch.randn(size, h, 128, generator=gen, device=DEV))
+        before = attn.kv_cache.clone()
+        attn.prepare(slots, table, num_prefix, n)
+        graph.replay()
+        ref = reference_prefill(attn.kv_cache[0], q, table, num_prefix, n)
+        assert (out[:n].double() - ref).abs().max().item() <= 1.6e-2, (num_prefix, n)
+        assert not out[n:].any()
+        changed = (attn.kv_cache != before).flatten(4).any(-1)  # [layers, 2, blocks, bs]
+        flat = changed[0].reshape(2, -1)
+        assert set(flat.any(0).nonzero().flatten().tolist()) <= set(slots[:n].tolist())
+
+
+def test_runner_prefill_graphs_match_eager(tiny_ckpt):
+    """The tiny model: follow-ups replayed from prefill graphs == eager prefill (fp32)."""
+    from orin_llm_node.engine.model_runner import ModelRunner
+    from orin_llm_node.models.loader import load_model
+
+    model = load_model(tiny_ckpt, dtype=torch.float32, device=DEV).eval()
+    tc = model.config.text
+    graphs = ModelRunner(model, 64, 16, 1024, DEV, torch.float32, enable_cuda_graph=True)
+    eager = ModelRunner(model, 64, 16, 1024, DEV, torch.float32, enable_cuda_graph=False)
+    assert graphs.prefill_graphs is not None and eager.prefill_graphs is None
+    graphs.capture_prefill_graphs()
+    captured = graphs.prefill_graphs.captures
+    assert captured == len(graphs.prefill_graphs.buckets)
+    rng = random.Random(0)
+    table = rng.sample(range(64), 40)
+    prompt = [rng.randrange(tc.vocab_size) for _ in range(600)]
+    pos = np.tile(np.arange(600), (3, 1))
+    done = 0
+    for n in (200, 9, 23, 64, 1, 40, 128, 77):
+        chunk = slice(done, done + n)
+        want = eager.prefill(prompt[chunk], pos[:, chunk], table, done)
+        got = graphs.prefill(prompt[chunk], pos[:, chunk], table, done)
+        assert (want - got).abs().max().item() < 1e-3, n
+        assert int(want.argmax()) == int(got.argmax())
+        done += n
+    assert graphs.prefill_graphs.captures == captured, "a new length must not re-capture"

@@ -313,8 +313,16 @@ def test_mutation_skip_one_deepstack(tiny_ckpt, monkeypatch):
     assert len(calls) == 2
 
 
-def test_bf16_matches_reference_exactly(tiny_ckpt):
-    """Same ops in the same order as the reference: bf16 on CPU agrees bit for bit."""
+def test_bf16_matches_reference_exactly(tiny_ckpt, monkeypatch):
+    """Same ops in the same order as the reference: bf16 on CPU agrees bit for bit.
+
+    Two deliberate exceptions are taken out here and bounded separately: the patch embedding
+    runs as one GEMM (the reference's Conv3d sums in another order) and several images share
+    one block-diagonal-masked SDPA (the reference calls SDPA per image). With the reference's
+    Conv3d swapped back in, one image's tower output is bit-identical; given the reference's
+    vision features, the decoder's logits are bit-identical; and the real tower stays within
+    bf16 rounding of the reference (fp32 parity is asserted by the tests above).
+    """
     model = load_model(tiny_ckpt, dtype=torch.bfloat16)
     ref = transformers.Qwen3VLForConditionalGeneration.from_pretrained(
         tiny_ckpt, dtype=torch.bfloat16).eval()
@@ -322,6 +330,19 @@ def test_bf16_matches_reference_exactly(tiny_ckpt):
     with torch.no_grad():
         want = ref.model.get_image_features(p.pixel_values.bfloat16(), p.grids)
         got = model.encode_images(p.pixel_values, p.grids)
-    assert torch.equal(got.embeds, torch.cat(want.pooler_output))
+        embeds = torch.cat(want.pooler_output)
+        rel = ((got.embeds.float() - embeds.float()).norm() / embeds.float().norm()).item()
+        assert rel < 1e-2, rel
+        # One image, the reference's convolution: bit for bit.
+        n = int(p.grids[0].prod())
+        conv = model.visual.patch_embed.proj
+        monkeypatch.setattr(type(model.visual.patch_embed), 'forward',
+                            lambda self, x: conv(x.to(conv.weight.dtype).view(
+                                -1, *conv.weight.shape[1:])).flatten(1))
+        one = model.encode_images(p.pixel_values[:n], p.grids[:1])
+        assert torch.equal(one.embeds, want.pooler_output[0])
+    theirs = qwen3_vl_vision.VisionOutput(
+        embeds, tuple(torch.cat(level) for level in want.deepstack_features))
+    monkeypatch.setattr(model, 'encode_images', lambda *args: theirs)
     want_logits = reference_logits(ref, p, model.config.image_token_id).float()
     assert torch.equal(our_logits(model, p), want_logits)

@@ -6,13 +6,14 @@ The model never owns a KV cache: each decoder layer hands its new q/k/v projecti
 backend, which applies q/k-norm and RoPE, stores k/v wherever it keeps them (contiguous
 tensors, paged blocks) and returns the attention output over everything the sequence has
 cached so far plus the new tokens. The runner talks to a backend only through this contract
-(``prepare``, ``attend_qkv``/``attend``, ``graph_key``); the torch bodies every backend shares
-(q/k-norm + RoPE, gather through a block table + causal SDPA) live here, once.
+(``prepare``, ``attend_qkv``/``attend``, ``graph_safe``/``graph_key``); the torch bodies every
+backend shares (q/k-norm + RoPE, gather through a block table + causal SDPA) live here, once.
 """
 
 from typing import Protocol
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 import torch.nn.functional as F
 
 from orin_llm_node.layers.layernorm import rms_norm
@@ -25,8 +26,12 @@ class AttentionBackend(Protocol):
     """What a decoder layer and the model runner need from a KV store.
 
     Concrete backends subclass it to inherit the torch :meth:`attend_qkv` and
-    :meth:`graph_key`; a backend with a fused kernel overrides them.
+    :meth:`graph_key`; a backend with a fused kernel overrides them. ``graph_safe``: whether a
+    model call through the backend may be captured in a CUDA graph (its kernels read every
+    per-step value from device buffers that :meth:`prepare` refills).
     """
+
+    graph_safe: bool = False
 
     def prepare(self, slot_mapping: torch.Tensor, block_table: torch.Tensor, num_prefix: int,
                 num_new: int) -> None:
@@ -34,8 +39,10 @@ class AttentionBackend(Protocol):
         Set the metadata of the next model call (paged backends).
 
         ``slot_mapping [>= num_new]``: flat KV slot (block * block_size + offset) of each new
-        token; ``block_table``: the sequence's block ids (at least ``ceil(context /
-        block_size)``); ``num_prefix``: tokens already cached before the new ones.
+        token, then -1 for padding rows of a prefill padded to a bucket (the model runs every
+        row of ``slot_mapping``; padding rows write no KV and their output is zeros);
+        ``block_table``: the sequence's block ids (at least ``ceil(context / block_size)``);
+        ``num_prefix``: tokens already cached before the new ones.
         """
         ...
 
@@ -75,10 +82,10 @@ class AttentionBackend(Protocol):
 
     def graph_key(self) -> tuple | None:
         """
-        What a captured decode step bakes in (pointers, launch scalars), or None.
+        What a captured model call bakes in (pointers, launch scalars), or None.
 
-        None means this backend's decode step cannot be captured in a CUDA graph. Call after
-        :meth:`prepare`; the runner re-captures whenever the tuple changes.
+        None for a backend that is not ``graph_safe``. Call after :meth:`prepare`; the runner
+        re-captures a decode step or padded prefill whenever the tuple changes.
         """
         return None
 
@@ -102,7 +109,10 @@ def causal_attention(
     ``q``: ``[N, Hq, D]``; ``k``/``v``: ``[num_prefix + N, Hkv, D]`` (cached prefix first).
     Query ``i`` sees keys ``<= num_prefix + i`` (bottom-right aligned). SDPA's ``is_causal`` is
     top-left aligned when there are more keys than queries, so it is only used when the two
-    alignments coincide (no prefix).
+    alignments coincide (no prefix). With a prefix the mask is ``causal_lower_right``: on a GPU
+    it selects the flash kernel's native bottom-right mode, which is shape-stable (a boolean
+    mask picks a backend that plans per shape: 50-70 ms on each new length on an H100); on the
+    CPU it is materialised into the same boolean mask as before, so results are unchanged.
     """
     n, num_keys = q.shape[0], k.shape[0]
     if num_keys != num_prefix + n:
@@ -112,14 +122,12 @@ def causal_attention(
     gqa = q.shape[1] != k.shape[1]
     if n == 1 or num_prefix == 0:
         # One query sees every key; with no prefix top-left == bottom-right.
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, is_causal=n > 1, scale=q.shape[-1] ** -0.5, enable_gqa=gqa
-        )
+        mask, causal = None, n > 1
     else:
-        mask = torch.ones(n, num_keys, dtype=torch.bool, device=q.device).tril(num_prefix)
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, scale=q.shape[-1] ** -0.5, enable_gqa=gqa
-        )
+        mask, causal = causal_lower_right(n, num_keys), False
+    out = F.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=mask, is_causal=causal, scale=q.shape[-1] ** -0.5, enable_gqa=gqa
+    )
     return out[0].transpose(0, 1)
 
 

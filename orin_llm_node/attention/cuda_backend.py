@@ -12,9 +12,12 @@ touches CuPy.
   (sized for ``max_model_len`` and the SM count) whose splits are spread over the context
   length read from device memory, plus a reduce kernel. Context length, slot and block table
   are read from device memory, so a decode step can be captured in a CUDA graph and replayed.
-* Prefill (many query tokens): the sequence's K/V are gathered through the block table and
-  attended with ``attention.base.causal_attention`` (torch SDPA, bottom-right causal mask),
-  the same math as the torch backend.
+* Prefill (many query rows): ``paged_prefill.cu`` -- the new tokens' queries read K/V
+  straight through the block table (no gather), bottom-right causal, GQA. Its grid follows the
+  number of query rows only and the lengths (cached prefix, real new tokens) come from a device
+  buffer, so every prompt length runs the same code without per-shape planning, and a prefill
+  padded to a bucket (padding rows: slot -1, no KV write, zeros out) can be captured in a CUDA
+  graph. ``attention.base.causal_attention`` (torch SDPA, bottom-right mask) is its reference.
 
 Launches go through ``launch(name, grid, block, args)`` (``cuda_ops.kernel_launcher`` on a
 GPU; the CPU kernel emulator in tests), fetched in :meth:`CudaPagedAttention.warmup` -- never
@@ -29,7 +32,7 @@ import torch
 from orin_llm_node import kernel_sources as ks
 from orin_llm_node.cuda_ops import TORCH_DTYPES, kernel_launcher
 
-from .base import AttentionBackend, causal_attention, gather_kv
+from .base import AttentionBackend
 
 __all__ = ["CudaPagedAttention"]
 
@@ -42,10 +45,10 @@ class CudaPagedAttention(AttentionBackend):
     """Attention backend over the runner's KV tensor ``[layers, 2, blocks, block_size, Hkv, D]``.
 
     The runner calls :meth:`prepare` before each model call, then every decoder layer calls
-    :meth:`attend_qkv`. A one-token :meth:`prepare` is graph-safe: the kernels read the slot
-    mapping and the block table from the tensors passed in (used by reference, so pass the
-    same static buffers every step) and the context length from a buffer of this object that
-    ``prepare`` refills -- a captured decode step replays correctly after ``prepare``.
+    :meth:`attend_qkv`. :meth:`prepare` is graph-safe: the kernels read the slot mapping and
+    the block table from the tensors passed in (used by reference, so pass the same static
+    buffers every step) and the lengths from buffers of this object that ``prepare`` refills
+    -- a captured decode step or padded prefill replays correctly after ``prepare``.
 
     Args:
         kv_cache: contiguous tensor, float16 / bfloat16 / float32, head_dim 32, 64 or 128.
@@ -57,6 +60,8 @@ class CudaPagedAttention(AttentionBackend):
             Tests pass a CPU emulator here to check this class without a GPU.
         num_sms: streaming multiprocessors to keep busy (None: the device's).
     """
+
+    graph_safe = True
 
     def __init__(self, kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int,
                  launch=None, num_sms: int | None = None):
@@ -100,14 +105,16 @@ class CudaPagedAttention(AttentionBackend):
         base = kv_cache.data_ptr()
         self._kv_ptrs = [(base + 2 * i * plane, base + (2 * i + 1) * plane)
                          for i in range(num_layers)]
-        # Split-K workspace, reused by every layer (they run in order on one stream), and the
-        # context length of a prepare()d decode step. Allocated here, outside any capture, so
-        # graph replays and eager steps use the same memory.
+        # Split-K workspace, reused by every layer (they run in order on one stream), the
+        # context length of a prepare()d decode step and the (cached prefix, real new tokens)
+        # of a prefill. Allocated here, outside any capture, so graph replays and eager steps
+        # use the same memory.
         self._part_acc = torch.empty(num_q_heads, self.num_splits, head_dim,
                                      dtype=torch.float32, device=self.device)
         self._part_ml = torch.empty(num_q_heads, self.num_splits, 2, dtype=torch.float32,
                                     device=self.device)
         self._context_buf = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self._seq_info = torch.zeros(2, dtype=torch.int32, device=self.device)
         self._scale_log2 = np.float32(head_dim ** -0.5 * _LOG2E)
         self._custom_launch = launch
         self._launch = None
@@ -117,17 +124,14 @@ class CudaPagedAttention(AttentionBackend):
         self._slots = None
         self._decode = False
         self._block_table = None
-        self._blocks = None
-        self._num_prefix = 0
-        self._context = 0
 
     # ----------------------------------------------------------------------------- set-up
 
     def warmup(self) -> None:
         """Build the kernels and launch each once on this thread (before any capture).
 
-        The launches are no-ops (slot -1, empty context) that also initialise CuPy's
-        per-thread CUDA state, so that later only kernel launches happen inside a capture:
+        The launches write nothing (slot -1; an empty decode context) and also initialise
+        CuPy's per-thread CUDA state, so that later only kernel launches happen inside a capture:
         call it on the thread that will capture (the engine's worker thread).
         """
         self._launch = self._custom_launch or kernel_launcher(self.dtype, self.head_dim,
@@ -142,19 +146,25 @@ class CudaPagedAttention(AttentionBackend):
         cos_sin = torch.zeros(1, d, dtype=self.dtype, device=self.device)
         self.attend(0, q, kv, kv)
         self._fused_qkv(0, q, kv, kv, ones, ones, 1e-6, cos_sin, cos_sin)
+        # A two-row prefill: one real token and one padding row, both at slot -1.
+        self.prepare(torch.full((2,), -1, **i64), torch.zeros(1, **i64), 0, 1)
+        rows = torch.zeros(2, self.num_q_heads, d, dtype=self.dtype, device=self.device)
+        self._paged_prefill(rows, *self._kv_ptrs[0])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._reset_metadata()
 
     def graph_key(self) -> tuple:
-        """Everything a captured decode step bakes in: buffer pointers and launch scalars.
+        """Everything a captured step bakes in: buffer pointers and launch scalars.
 
-        A graph stays valid while this tuple is unchanged; the runner re-captures otherwise.
-        Before the first :meth:`prepare` the metadata pointers read as 0.
+        A graph (decode step or padded prefill) stays valid while this tuple is unchanged; the
+        runner re-captures otherwise. Before the first :meth:`prepare` the metadata pointers
+        read as 0.
         """
         tensors = (self.kv_cache, self._part_acc, self._part_ml, self._context_buf,
-                   self._slots, self._block_table)
-        return (*(0 if t is None else t.data_ptr() for t in tensors), self._decode,
+                   self._seq_info, self._slots, self._block_table)
+        rows = 0 if self._slots is None else self._slots.shape[0]
+        return (*(0 if t is None else t.data_ptr() for t in tensors), rows, self._decode,
                 self.num_splits)
 
     # -------------------------------------------------------------------------- metadata
@@ -168,25 +178,26 @@ class CudaPagedAttention(AttentionBackend):
     ) -> None:
         """Set the metadata of the next model call (see ``AttentionBackend.prepare``).
 
-        One new token runs the decode kernels, reading ``slot_mapping``/``block_table`` in
-        place when they are int64 tensors on the KV device (graph-safe); more run the
-        gather + SDPA prefill. A slot of -1 skips that token's KV write.
+        The model runs every row of ``slot_mapping``: ``num_new`` real tokens, then padding
+        rows at slot -1 (a prefill padded to a bucket; no KV write, zeros out). One row runs
+        the decode kernels, more the paged prefill kernel. ``slot_mapping``/``block_table``
+        are read in place when they are int64 tensors on the KV device (pass the same static
+        buffers to replay a graph); the lengths go to device buffers of this object.
         """
         context = num_prefix + num_new
         num_blocks = -(-context // self.block_size)
         if block_table.numel() < num_blocks:
             raise ValueError(f"block_table has {block_table.numel()} ids, need {num_blocks}")
-        slot_mapping = slot_mapping.to(device=self.device, dtype=torch.long)
-        block_table = block_table.to(device=self.device, dtype=torch.long)
-        self._slots = slot_mapping[:num_new]
-        self._decode = num_new == 1
+        if not 0 < num_new <= slot_mapping.numel():
+            raise ValueError(f"{num_new} new tokens for {slot_mapping.numel()} slots")
+        self._slots = slot_mapping.to(device=self.device, dtype=torch.long)
+        self._block_table = block_table.to(device=self.device, dtype=torch.long)
+        self._decode = self._slots.numel() == 1
         if self._decode:
-            self._block_table = block_table
             self._context_buf.fill_(context)
         else:
-            self._blocks = block_table[:num_blocks]
-            self._num_prefix = num_prefix
-            self._context = context
+            info = torch.tensor([num_prefix, num_new], dtype=torch.int32)
+            self._seq_info.copy_(info, non_blocking=True)
 
     # ------------------------------------------------------------------------- attention
 
@@ -254,8 +265,7 @@ class CudaPagedAttention(AttentionBackend):
         """Attention of ``q`` over the context, whose K/V are all in the cache now."""
         if self._decode:
             return self._paged_decode(q, *self._kv_ptrs[layer_idx])
-        keys, values = gather_kv(self.kv_cache[layer_idx], self._blocks, self._context)
-        return causal_attention(q.to(self.dtype), keys, values, self._num_prefix)
+        return self._paged_prefill(q, *self._kv_ptrs[layer_idx])
 
     def _rows(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         """``x`` as [N, heads, D] in the cache dtype with 16-byte aligned, dense head vectors."""
@@ -292,5 +302,23 @@ class CudaPagedAttention(AttentionBackend):
             "paged_decode_reduce", (self.num_q_heads,), (self.head_dim,),
             (out.data_ptr(), self._part_acc.data_ptr(), self._part_ml.data_ptr(),
              self._context_buf.data_ptr(), np.int32(self.num_splits)),
+        )
+        return out if q_dtype == self.dtype else out.to(q_dtype)
+
+    def _paged_prefill(self, q: torch.Tensor, k_ptr: int, v_ptr: int) -> torch.Tensor:
+        q_dtype = q.dtype
+        q = self._rows(q, self.num_q_heads)
+        n = q.shape[0]
+        if n != self._slots.shape[0]:
+            raise ValueError(f"{n} query rows for {self._slots.shape[0]} slots")
+        out = torch.empty(n, self.num_q_heads, self.head_dim, dtype=self.dtype,
+                          device=self.device)
+        tiles = -(-n * self.group_size // ks.PREFILL_ROWS)
+        self._launch(
+            "paged_prefill", (self.num_kv_heads, tiles), (ks.NUM_THREADS,),
+            (out.data_ptr(), q.data_ptr(), k_ptr, v_ptr, self._block_table.data_ptr(),
+             self._seq_info.data_ptr(), np.int32(n), np.int32(self.num_kv_heads),
+             np.int32(self.group_size), np.int32(self.block_size), np.int64(q.stride(0)),
+             np.int64(out.stride(0)), self._scale_log2),
         )
         return out if q_dtype == self.dtype else out.to(q_dtype)

@@ -51,7 +51,15 @@ class TorchPagedAttention(AttentionBackend):
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """Write ``k``/``v`` by slot mapping, gather the context by block table, attend."""
+        """Write ``k``/``v`` by slot mapping, gather the context by block table, attend.
+
+        ``q``/``k``/``v`` may carry padding rows after the ``num_new`` real ones (a prefill
+        padded to a bucket): they are not written and their output rows are zeros.
+        """
+        rows = q.shape[0]
+        num_new = self._slots.shape[0]
+        if rows > num_new:
+            q, k, v = q[:num_new], k[:num_new], v[:num_new]
         layer = self.kv_cache[layer_idx]  # [2, blocks, block_size, Hkv, D]
         hkv, d = layer.shape[-2:]
         flat = layer.view(2, -1, hkv, d)
@@ -59,8 +67,12 @@ class TorchPagedAttention(AttentionBackend):
         flat[1].index_copy_(0, self._slots, v.to(layer.dtype))
         keys, values = gather_kv(layer, self._blocks, self._context)
         if q.shape[0] == 1:
-            return _single_query_attention(q, keys, values)
-        return causal_attention(q, keys, values, self._num_prefix)
+            out = _single_query_attention(q, keys, values)
+        else:
+            out = causal_attention(q, keys, values, self._num_prefix)
+        if rows > num_new:
+            out = torch.cat([out, out.new_zeros(rows - num_new, *out.shape[1:])])
+        return out
 
 
 def _single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

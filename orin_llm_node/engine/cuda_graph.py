@@ -33,7 +33,7 @@ class CudaGraphDecode:
     """Captures ``runner._decode_graph_body()`` once and replays it for every decode step.
 
     ``runner`` must use an attention backend that reads its decode metadata from device
-    memory (``graph_key()`` is not None) and expose the static buffers ``decode_input_ids``,
+    memory (``graph_safe``) and expose the static buffers ``decode_input_ids``,
     ``decode_positions``, ``decode_slot_mapping``, ``decode_block_table``, ``decode_banned``
     and the KV tensor.
     """

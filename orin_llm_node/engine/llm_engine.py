@@ -32,6 +32,11 @@ __all__ = ["ChatResult", "EngineStats", "LLMEngine", "StreamEvent"]
 
 log = logging.getLogger(__name__)
 
+#: Camera frame sizes (height, width) ``warmup`` prepares when given none: VGA, the 16:9
+#: sizes of common depth/colour cameras, and a square crop.
+COMMON_FRAME_SIZES = ((480, 640), (480, 848), (720, 1280), (1080, 1920), (448, 448))
+
+
 @dataclass(frozen=True)
 class EngineStats(PoolStats):
     """``PoolStats`` (the KV cache manager's) and the vision cache's own figures."""
@@ -126,6 +131,35 @@ class LLMEngine:
         self.kv.track(conv)
         self._conversations[conv.id] = conv
         return conv
+
+    def warmup(self, image_sizes=None) -> float:
+        """Do at start-up what would otherwise stall the first prompts; returns the seconds.
+
+        Runs the vision tower once per distinct patch grid of ``image_sizes`` (``(height,
+        width)`` of the camera frames, default ``COMMON_FRAME_SIZES``; each is resized as a
+        real frame would be, within ``image_max_pixels``), which keeps the grid's position
+        embeddings and rotary and, on a GPU, loads the tower's kernels for that shape; then
+        captures the bucketed prefill graphs (CUDA only). Call it on the thread that will run
+        the engine; nothing is added to the vision or prefix caches.
+        """
+        if image_sizes is None:
+            image_sizes = COMMON_FRAME_SIZES
+        t0 = time.perf_counter()
+        processor = self.prompts.image_processor
+        grids = set()
+        for height, width in image_sizes:
+            frame = np.zeros((int(height), int(width), 3), dtype=np.uint8)
+            image = processor.preprocess(frame)
+            if image.grid_thw not in grids:
+                grids.add(image.grid_thw)
+                self.runner.encode_image(image.pixel_values, image.grid_thw)
+        self.runner.capture_prefill_graphs()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        log.info("warm-up: %d image grid(s) %s, prefill graphs %s, %.2f s", len(grids),
+                 sorted(grids), "captured" if self.runner.prefill_graphs else "off", seconds)
+        return seconds
 
     def cancel(self) -> None:
         """Stop the generation in progress at its next step (thread-safe)."""

@@ -2,9 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The one place that touches the device: KV tensor, slot mapping, block tables, prefill, decode.
 
-Decode is split for CUDA Graphs: ``prepare_decode`` does all host work (writes the token,
-position, slot and block-table *static* buffers, sets the backend's per-step metadata) and
-``run_decode`` only runs the model on those buffers (``_decode_forward``); a graph captures
+Short text-only prefills (follow-up questions) run padded to a bucket through
+``prefill_graph.PrefillGraphs`` (captured CUDA graphs on a GPU). Decode is split for CUDA
+Graphs: ``prepare_decode`` does all host work (writes the token, position, slot and
+block-table *static* buffers, sets the backend's per-step metadata) and ``run_decode`` only
+runs the model on those buffers (``_decode_forward``); a graph captures
 that plus greedy sampling (``_decode_graph_body``), so a greedy step is one replay and one
 8-byte copy of the token id to the host.
 
@@ -22,6 +24,7 @@ from orin_llm_node.attention.torch_backend import TorchPagedAttention
 from orin_llm_node.layers import dispatch
 
 from .config import EngineConfig
+from .prefill_graph import DEFAULT_BUCKETS, PrefillGraphs
 
 __all__ = ["ModelRunner", "greedy_token", "kv_bytes_per_block", "plan_num_blocks"]
 
@@ -94,7 +97,8 @@ class ModelRunner:
     """Owns the paged KV tensor and runs the model for prefill and decode steps."""
 
     def __init__(self, model, num_blocks: int, block_size: int, max_model_len: int,
-                 device: torch.device, dtype: torch.dtype, enable_cuda_graph: bool = False):
+                 device: torch.device, dtype: torch.dtype, enable_cuda_graph: bool = False,
+                 prefill_buckets: tuple[int, ...] | None = None):
         tc = model.config.text
         self.model = model
         self.device, self.dtype = device, dtype
@@ -108,19 +112,24 @@ class ModelRunner:
         self.bytes_per_block = kv_bytes_per_block(tc, block_size, dtype)
         self.attn = make_attention_backend(self.kv_cache, tc.num_attention_heads, max_model_len)
         self.enable_cuda_graph = enable_cuda_graph and device.type == "cuda"
-        # CUDA Graph decode (engine/cuda_graph.py): needs a backend that reads its decode
-        # metadata from device memory (graph_key() is not None); captured on the first decode
-        # step, replayed by run_decode after prepare_decode has written the static buffers.
+        # CUDA Graph decode (engine/cuda_graph.py): needs a backend that reads its per-step
+        # metadata from device memory (graph_safe); captured on the first decode step,
+        # replayed by run_decode after prepare_decode has written the static buffers.
         self.decode_graph = None
         if self.enable_cuda_graph:
             from .cuda_graph import CudaGraphDecode
 
-            if self.attn.graph_key() is not None:
+            if self.attn.graph_safe:
                 self.decode_graph = CudaGraphDecode(self)
             else:
                 log.warning("CUDA graphs need the CUDA attention backend: decoding eagerly")
         self.cuda_graph_active = self.decode_graph is not None
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size) + 1
+        # Bucketed prefill of short text-only suffixes: by default only where it pays, with
+        # graphs (padding costs compute); tests pass buckets to run the padding on the CPU.
+        if prefill_buckets is None:
+            prefill_buckets = DEFAULT_BUCKETS if self.cuda_graph_active else ()
+        self.prefill_graphs = PrefillGraphs(self, prefill_buckets) if prefill_buckets else None
         # Static decode buffers: a captured graph holds their addresses; only contents change.
         self.decode_input_ids = torch.zeros(1, dtype=torch.long, device=device)
         self.decode_positions = torch.zeros(1, dtype=torch.long, device=device)
@@ -139,7 +148,7 @@ class ModelRunner:
     def encode_image(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]):
         """Vision tower output (merger + DeepStack rows) of one image, on the device."""
         pv = pixel_values.to(self.device, self.dtype)
-        grid = torch.tensor([grid_thw], dtype=torch.long, device=self.device)
+        grid = torch.tensor([grid_thw], dtype=torch.long)  # host: the tower caches per grid
         return self.model.encode_images(pv, grid)
 
     # ---- prefill ---------------------------------------------------------------------------
@@ -160,6 +169,9 @@ class ModelRunner:
         the image pads inside the suffix. Returns fp32 logits ``[V]`` of the last token only.
         """
         n = len(token_ids)
+        graphs = self.prefill_graphs
+        if visual is None and graphs is not None and graphs.bucket(n) is not None:
+            return graphs.run(token_ids, positions, block_table, num_cached)
         dev = self.device
         slots = self.slot_mapping(block_table, num_cached, num_cached + n)
         ids = torch.tensor(token_ids, dtype=torch.long, device=dev)
@@ -168,6 +180,11 @@ class ModelRunner:
         self.attn.prepare(torch.from_numpy(slots).to(dev), table, num_cached, n)
         hidden = self.model(ids, pos, self.attn, visual)
         return self.model.compute_logits(hidden[-1:])[0]
+
+    def capture_prefill_graphs(self) -> None:
+        """Capture the bucketed prefill graphs now (no-op without them); call at load."""
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.capture_all()
 
     # ---- decode ----------------------------------------------------------------------------
 
