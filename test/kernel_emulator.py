@@ -279,3 +279,20 @@ def emulated_launch(dtype: str, head_dim: int):
             raise RuntimeError(f"emu_launch({name}, grid={grid}, block={block}) -> {rc}")
 
     return launch
+
+
+class CountingLaunch:
+    """Wraps a launcher; counts kernel launches by name and keeps each kernel's last args."""
+
+    def __init__(self, launch):
+        self.launch, self.counts, self.last_args = launch, {}, {}
+
+    def __call__(self, name, grid, block, args):
+        self.counts[name] = self.counts.get(name, 0) + 1
+        self.last_args[name] = args
+        self.launch(name, grid, block, args)
+
+
+def counting_launch(dtype: str, head_dim: int) -> CountingLaunch:
+    """:func:`emulated_launch` wrapped in a :class:`CountingLaunch`."""
+    return CountingLaunch(emulated_launch(dtype, head_dim))

@@ -172,7 +172,7 @@ def test_fused_norms_and_silu_match_the_torch_bodies(dtype, rows, cols):
     torch_dtype = _DTYPES[dtype]
     gen = torch.Generator().manual_seed(rows * cols)
     ops = FusedOps(torch_dtype, 32, torch.device("cpu"),
-                   launch=CountingLaunch(kernel_emulator.emulated_launch(dtype, 32)))
+                   launch=kernel_emulator.counting_launch(dtype, 32))
     x = (3 * torch.randn(rows, cols, generator=gen)).to(torch_dtype)
     residual = torch.randn(rows, cols, generator=gen).to(torch_dtype)
     weight = (1 + 0.1 * torch.randn(cols, generator=gen)).to(torch_dtype)
@@ -188,7 +188,7 @@ def test_fused_norms_and_silu_match_the_torch_bodies(dtype, rows, cols):
 
 
 def test_fused_ops_fall_back_to_torch_for_inputs_the_kernels_cannot_take():
-    launch = CountingLaunch(kernel_emulator.emulated_launch("float32", 32))
+    launch = kernel_emulator.counting_launch("float32", 32)
     ops = FusedOps(torch.float32, 32, torch.device("cpu"), launch=launch)
     x = torch.randn(3, 30)  # 30 columns: not whole 16-byte vectors
     w = torch.ones(30)
@@ -259,20 +259,6 @@ def test_warmup_launches_write_nothing():
     assert torch.equal(attn.kv_cache, before)
 
 
-class CountingLaunch:
-    """Wraps a launcher and counts kernel launches by name."""
-
-    def __init__(self, launch):
-        self.launch, self.counts = launch, {}
-
-    def __call__(self, name, grid, block, args):
-        self.counts[name] = self.counts.get(name, 0) + 1
-        self.launch(name, grid, block, args)
-
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
 def _fused_runner(model, num_blocks, block_size, max_len, launch):
     """A CPU ModelRunner whose attention and layer ops run the emulated CUDA kernels."""
     from orin_llm_node.engine.model_runner import ModelRunner
@@ -303,7 +289,7 @@ def test_model_runner_fused_decode_across_blocks(tiny_ckpt):
     num_blocks, block_size, max_len = 48, 16, 600
     cpu = torch.device("cpu")
     ref = ModelRunner(model, num_blocks, block_size, max_len, cpu, torch.float32)
-    launch = CountingLaunch(kernel_emulator.emulated_launch("float32", tc.head_dim))
+    launch = kernel_emulator.counting_launch("float32", tc.head_dim)
     runner, ops = _fused_runner(model, num_blocks, block_size, max_len, launch)
     assert runner.attn.num_splits > 1
     rng = random.Random(0)

@@ -13,7 +13,6 @@ test_cuda_kernels.py.
 import random
 
 import kernel_emulator
-import numpy as np
 import pytest
 import torch
 
@@ -139,54 +138,83 @@ def test_prefill_launch_shape_does_not_depend_on_the_lengths():
 
 
 @pytest.mark.parametrize("cached", [0, 13, 29, 45])
-def test_model_prefill_through_the_kernel_with_prefix_inside_an_image(tiny_ckpt, cached):
-    """The tiny model prefilling a suffix whose cached prefix ends inside an image span.
+def test_tiny_model_through_every_fused_kernel(tiny_ckpt, cached):
+    """The tiny model's prefills and decode with every custom kernel (emulated) vs torch.
 
-    Prompt: 10 text tokens, a 64-token image (pads at 10..73), 23 text tokens. The first
-    ``cached`` tokens are prefilled first (13 and 29 end inside the image and mid-block, 45 too,
-    0 is a cold prefill); then the rest, with the uncached image rows' vision embeddings and
-    DeepStack features, runs through the paged prefill kernel. Logits and KV must track the
-    torch backend run on the same shuffled block table.
+    Prompt: 10 text tokens, a 64-token image (grid 1x16x16, pads at 10..73, 3-D M-RoPE
+    positions whose t/h/w differ), 23 text tokens. The first ``cached`` tokens are prefilled
+    first (13 and 29 end inside the image and mid-block, 45 mid-block; 0 is a cold prefill),
+    then the rest with the uncached image rows' vision embeddings and DeepStack features; then
+    an 11-token text follow-up padded to the 16-token bucket (5 padding rows at slot -1), then
+    greedy decode steps across a block boundary. The fused runner runs RMSNorm, add+RMSNorm and
+    SiLU x up as kernels for every row, q/k-norm + M-RoPE + KV write as one kernel and
+    attention as paged prefill (any call of more than one row) or paged decode; the reference
+    runner is the plain torch path. Logits, greedy tokens and the whole KV cache must agree.
     """
+    from orin_llm_node.cuda_ops import FusedOps
     from orin_llm_node.engine.model_runner import ModelRunner
+    from orin_llm_node.layers import dispatch
     from orin_llm_node.models.loader import load_model
+    from orin_llm_node.processing.rope_index import rope_delta, rope_positions
 
     model = load_model(tiny_ckpt, dtype=torch.float32).eval()
     cfg = model.config
-    tc = cfg.text
+    tc, layers = cfg.text, cfg.text.num_hidden_layers
+    cpu = torch.device("cpu")
     rng = random.Random(cached)
-    text = [t for t in range(tc.vocab_size) if t not in (cfg.image_token_id,)]
+    text = [t for t in range(tc.vocab_size) if t != cfg.image_token_id]
+    grid = (1, 16, 16)  # 256 patches -> 64 merged tokens
+    image_span = (10, 74)
     prompt = ([rng.choice(text) for _ in range(10)] + [cfg.image_token_id] * 64
               + [rng.choice(text) for _ in range(23)])
-    image_span = (10, 74)
-    grid = (1, 16, 16)  # 256 patches -> 64 merged tokens
+    follow_up = [rng.choice(text) for _ in range(11)]
+    pos, _ = rope_positions(prompt + follow_up, [grid], cfg.image_token_id,
+                            cfg.vision.spatial_merge_size)
+    assert (pos[0, 10:74] != pos[1, 10:74]).any() and (pos[1, 10:74] != pos[2, 10:74]).any()
+    delta = rope_delta(pos)
     v = cfg.vision
     patch = v.in_channels * v.temporal_patch_size * v.patch_size ** 2
     pixels = torch.randn(256, patch, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         visual = model.encode_images(pixels, torch.tensor([grid]))
-    pos = np.tile(np.arange(len(prompt)), (3, 1))
-    table = rng.sample(range(24), 7)
-    logits = []
-    runners = []
-    for use_kernel in (False, True):
-        runner = ModelRunner(model, 24, 16, 256, torch.device("cpu"), torch.float32)
-        if use_kernel:
-            runner.attn = CudaPagedAttention(
-                runner.kv_cache, tc.num_attention_heads, 256,
-                launch=kernel_emulator.emulated_launch("float32", tc.head_dim),
-            )
-            runner.attn.warmup()
-        if cached:
-            lo, hi = image_span
-            runner.prefill(prompt[:cached], pos[:, :cached], table, 0,
-                           visual[: max(0, min(cached, hi) - lo)])
-        rows = slice(max(0, cached - image_span[0]), None)
-        logits.append(runner.prefill(prompt[cached:], pos[:, cached:], table, cached,
-                                     visual[rows]))
-        runners.append(runner)
-    err = (logits[0] - logits[1]).abs().max().item()
-    assert err < 1e-4, err
-    assert int(logits[0].argmax()) == int(logits[1].argmax())
-    kv_err = (runners[0].kv_cache - runners[1].kv_cache).abs().max().item()
-    assert kv_err < 1e-4, kv_err
+    table = rng.sample(range(24), 9)
+    launch = kernel_emulator.counting_launch("float32", tc.head_dim)
+    ops = FusedOps(torch.float32, tc.head_dim, cpu, launch=launch)
+    ref = ModelRunner(model, 24, 16, 256, cpu, torch.float32, prefill_buckets=())
+    fused = ModelRunner(model, 24, 16, 256, cpu, torch.float32, prefill_buckets=(16, 32))
+    fused.attn = CudaPagedAttention(fused.kv_cache, tc.num_attention_heads, 256, launch=launch)
+    fused.attn.warmup()
+
+    def both(call):
+        want = call(ref)
+        launch.counts.clear()
+        with dispatch.installed(cpu, torch.float32, ops):
+            got = call(fused)
+        err = (want - got).abs().max().item()
+        assert err < 1e-4, err
+        assert int(got.argmax()) == int(want.argmax())
+        return int(want.argmax()), dict(launch.counts)
+
+    prefill_counts = {"qk_norm_rope_kv_write": layers, "paged_prefill": layers,
+                      "silu_and_mul": layers}
+    lo, hi = image_span
+    if cached:
+        _, counts = both(lambda r: r.prefill(prompt[:cached], pos[:, :cached], table, 0,
+                                             visual[: max(0, min(cached, hi) - lo)]))
+        assert {k: counts.get(k) for k in prefill_counts} == prefill_counts, counts
+    rows = slice(max(0, cached - lo), None)
+    _, counts = both(lambda r: r.prefill(prompt[cached:], pos[:, cached:len(prompt)], table,
+                                         cached, visual[rows]))
+    assert {k: counts.get(k) for k in prefill_counts} == prefill_counts, counts
+    assert not {"kv_write", "paged_decode_split"} & counts.keys(), counts
+
+    start = len(prompt)
+    token, counts = both(lambda r: r.prefill(follow_up, pos[:, start:], table, start))
+    assert counts == {"rms_norm": 1, "add_rms_norm": 2 * layers, **prefill_counts}, counts
+    assert launch.last_args["paged_prefill"][6] == 16, "the follow-up runs padded to its bucket"
+    context = start + len(follow_up)
+    for _ in range(12):  # 108 -> 120 tokens: crosses the block boundary at 112
+        context += 1
+        token, _ = both(lambda r, c=context, t=token: r.decode(t, c - 1 + delta, table, c))
+    kv_err = (ref.kv_cache - fused.kv_cache).abs().max().item()
+    assert kv_err < 1e-4, f"KV caches differ by {kv_err} (a padding row written?)"
