@@ -624,12 +624,16 @@ class OrinLLMNode(Node):
 
     @staticmethod
     def _warm_up(engine):
-        # One short image + text turn runs every code path once (vision tower, prefill, decode,
-        # graph capture where enabled) before `ready` goes out. No system prompt and a throw-away
-        # image, so it leaves nothing in the prefix cache that a real prompt could hit.
+        # The vision tower's per-grid inputs for common camera frame sizes (resized within
+        # image_max_pixels) and the bucketed prefill graphs (CUDA), so that neither a new frame
+        # size nor the first follow-up question pays for them; then one short image + text
+        # turn runs every code path once (vision tower, prefill, decode, decode graph capture
+        # where enabled) before `ready` goes out. No system prompt and a throw-away image, so
+        # it leaves nothing in the prefix cache that a real prompt could hit.
         import numpy as np
 
         from orin_llm_node.engine import SamplingParams
+        engine.warmup()
         conv = engine.new_conversation(system_prompt=None)
         grey = np.full((64, 64, 3), 127, np.uint8)
         engine.chat(conv, 'Hi', images=[grey], sampling=SamplingParams(max_tokens=2))
