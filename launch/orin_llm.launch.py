@@ -12,7 +12,8 @@ value of ``params_file``, anything else overrides it.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, OpaqueFunction, RegisterEventHandler
+from launch.event_handlers import OnProcessExit
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.parameter_descriptions import ParameterValue
@@ -39,7 +40,7 @@ PARAMETER_TYPES = {
     'enable_prefix_cache': bool,
     'image_max_pixels': int,
     'image_min_pixels': int,
-    'image_qos_reliable': bool,
+    'image_qos': str,
     'image_max_age_s': float,
     'queue_size': int,
     'diagnostics_period_s': float,
@@ -75,7 +76,7 @@ def _launch_node(context):
         if text != '':
             overrides[name] = _convert(name, text, kind)
     image_topic = LaunchConfiguration('image_topic').perform(context)
-    return [Node(
+    node = Node(
         package=PACKAGE,
         executable='orin_llm_node',
         name='orin_llm',
@@ -84,7 +85,20 @@ def _launch_node(context):
         remappings=[('image', image_topic), ('image/compressed', image_topic + '/compressed')],
         output='screen',
         emulate_tty=True,
-    )]
+    )
+    return [node, RegisterEventHandler(OnProcessExit(target_action=node, on_exit=_node_exited))]
+
+
+def _node_exited(event, context):
+    """A node that could not start (or died) makes ``ros2 launch`` exit non-zero.
+
+    launch ends with exit code 1 when an event handler raises ("Caught exception in launch"),
+    and shuts everything else down, so a supervisor (systemd, a test) learns the VLM is down.
+    """
+    del context
+    if event.returncode != 0:
+        raise RuntimeError(f'{event.action.name} exited with code {event.returncode}: the '
+                           'VLM node is down (its FATAL line above says why)')
 
 
 def generate_launch_description():

@@ -61,6 +61,7 @@ class GenerationInfo:
     last_image_stamp: float | None = None
     last_finish_reason: str = ''
     detail: str = ''                # e.g. the load error
+    camera: str = ''                # why the node is blind (a camera matched, no frames)
 
 
 def _fmt(value):
@@ -128,11 +129,12 @@ def generation_status(info, recent, name='orin_llm: generation', hardware_id='')
     """Build the ``generation`` status from a :class:`GenerationInfo`."""
     values = [(k, getattr(info, k)) for k in GENERATION_KEYS]
     values.append(('dropped_prompts', info.dropped_prompts))
+    values.append(('camera', 'blind' if info.camera else 'ok'))
     if info.state == 'failed':
         return _status(ERROR, name, f'engine failed: {info.detail}', hardware_id, values)
     if info.state == 'loading':
         return _status(OK, name, info.detail or 'loading model', hardware_id, values)
-    problems = []
+    problems = [info.camera] if info.camera else []
     if recent.get('errors', 0):
         problems.append(f"{recent['errors']} request error(s)")
     if recent.get('dropped_prompts', 0):

@@ -12,6 +12,7 @@ published by the worker (it reads the engine's stats), except while the model is
 from collections import deque
 from dataclasses import dataclass
 import hashlib
+import json
 import logging
 import math
 import os
@@ -37,11 +38,18 @@ from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
-from orin_llm_node import ros_image
+from orin_llm_node import dds_profile, ros_image
 from orin_llm_node.diagnostics import DiagnosticsMonitor, GenerationInfo
+
+try:                                    # Iron and later
+    from rclpy.event_handler import SubscriptionEventCallbacks
+except ImportError:                     # Humble
+    from rclpy.qos_event import SubscriptionEventCallbacks
 
 NODE_NAME = 'orin_llm'
 MAX_PROMPT_CHARS = 100_000
+# A camera publisher matched and no frame for this long: the node says it is blind.
+BLIND_AFTER_S = 5.0
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / 'demo_model'
 
 
@@ -139,8 +147,10 @@ PARAMETERS = (
           constraints='>= 0'),
     Param('image_min_pixels', 0, 'resize images to at least this many pixels '
           '(0 = checkpoint default)', _int_at_least(0), constraints='>= 0'),
-    Param('image_qos_reliable', False, 'subscribe to images with reliable QoS instead of '
-          'sensor-data best effort (only reliable publishers match then)'),
+    Param('image_qos', 'auto', 'image subscriptions: auto = a best-effort one (matches every '
+          'publisher) and a reliable one (reliable publishers get every frame through); '
+          'best_effort or reliable = that one only', _choice('auto', 'best_effort', 'reliable'),
+          constraints='auto | best_effort | reliable'),
     Param('image_max_age_s', 2.0, 'a prompt uses the newest image only if it is at most this old',
           _float_in(0.0, low_open=True, allow_inf=True), constraints='> 0.0'),
     Param('queue_size', 4, 'prompts waiting to be answered (overflow drops the oldest)',
@@ -229,14 +239,22 @@ class PendingImage:
     stamp_ns: int               # header stamp, else receive time (ROS clock)
     stamped: bool
 
+    def describe(self):
+        """The image as named in ``response/info``: its header stamp and frame_id."""
+        return {'stamp': {'sec': self.msg.header.stamp.sec,
+                          'nanosec': self.msg.header.stamp.nanosec},
+                'frame_id': self.msg.header.frame_id, 'stamped': self.stamped}
+
 
 @dataclass
 class Request:
     """One queued prompt and the image paired with it when it arrived."""
 
+    request_id: int
     text: str
     image: PendingImage | None
     received_ns: int
+    no_image: str = ''          # why no image is paired (said in response/info)
 
 
 class _RosLogHandler(logging.Handler):
@@ -300,22 +318,53 @@ class OrinLLMNode(Node):
         self.pub_error = self.create_publisher(String, 'error', _qos(10))
         self.pub_ready = self.create_publisher(Bool, 'ready', _qos(1, latched=True))
         self.pub_diag = self.create_publisher(DiagnosticArray, '/diagnostics', _qos(10))
-        # Sensor data: best effort matches every publisher. Reliable is there for frames that a
-        # best-effort transport drops (Fast DDS: > 512 KB between processes, see README).
-        sensor = _qos(1, reliable=self.params['image_qos_reliable'])
-        self.create_subscription(Image, 'image', self._on_image, sensor)
-        self.create_subscription(CompressedImage, 'image/compressed', self._on_compressed, sensor)
+        self.pub_info = self.create_publisher(String, 'response/info', _qos(10))
+        self._image_subs = self._subscribe_images()
         self.create_subscription(String, 'prompt', self._on_prompt, _qos(10))
         self.create_service(Trigger, 'reset', self._on_reset)
         self.create_service(Trigger, 'cancel', self._on_cancel)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self._loading_timer = self.create_timer(self.params['diagnostics_period_s'],
                                                 self._on_loading_timer)
+        self._next_request_id = 1
+        self._last_frame_at = None      # monotonic time of the last image that arrived
+        self._publishers_since = None   # since when a camera publisher has been matched
+        self.dds_profile = None         # the Fast DDS profile main() applied, if any
+        self.create_timer(1.0, self._check_camera)
         self.pub_ready.publish(Bool(data=False))
         self._worker = threading.Thread(target=self._run_worker, name='orin_llm_worker',
                                         daemon=True)
         self._log_handler = _RosLogHandler(self.get_logger())
         self._py_logger = logging.getLogger('orin_llm_node')
+
+    def _subscribe_images(self):
+        """The image subscriptions, per ``image_qos``.
+
+        Measured (bench/image_delivery.py): a best-effort subscription matches every publisher
+        but under Fast DDS gets large frames only if they come over UDP (the node's own DDS
+        profile, see dds_profile.py); a reliable one matches only reliable publishers and gets
+        every frame from them whatever the transport. ``auto`` has both: the newest frame from
+        either wins, and the reliable twin stays quiet about best-effort publishers it cannot
+        match.
+        """
+        mode = self.params['image_qos']
+        kinds = (('image', Image, self._on_image),
+                 ('image/compressed', CompressedImage, self._on_compressed))
+        subs = []
+        for reliable in {'auto': (False, True), 'best_effort': (False,),
+                         'reliable': (True,)}[mode]:
+            extra = {}
+            if mode == 'auto' and reliable:
+                extra['event_callbacks'] = SubscriptionEventCallbacks(
+                    incompatible_qos=lambda _event: None)
+            for topic, msg_type, callback in kinds:
+                subs.append(self.create_subscription(
+                    msg_type, topic, callback, _qos(1, reliable=reliable), **extra))
+        return subs
+
+    def image_topics(self):
+        """The resolved (namespaced, remapped) image topic names."""
+        return sorted({sub.topic_name for sub in self._image_subs})
 
     # ---- parameters ----------------------------------------------------------------------
 
@@ -392,6 +441,7 @@ class OrinLLMNode(Node):
 
     def _accept_image(self, msg, compressed: bool):
         """Keep `msg` as the newest image if its header and encoding can be decoded later."""
+        self._frame_arrived()
         check = ros_image.check_compressed if compressed else ros_image.check_image
         try:
             check(msg)
@@ -402,38 +452,87 @@ class OrinLLMNode(Node):
         with self._cond:
             self._newest_image = PendingImage(msg, compressed, stamp, stamped)
 
+    def _frame_arrived(self):
+        self._last_frame_at = time.monotonic()
+        if self.info.camera:
+            with self._cond:
+                self.info.camera = ''
+            self.get_logger().info('camera frames are arriving again')
+
+    def _check_camera(self):
+        """Say once (on ``error`` and in /diagnostics) when a camera is matched but blind."""
+        topics = self.image_topics()
+        publishers = sum(self.count_publishers(topic) for topic in topics)
+        now = time.monotonic()
+        if publishers == 0:
+            self._publishers_since = None
+            return
+        if self._publishers_since is None:
+            self._publishers_since = now
+        since = max(self._publishers_since, self._last_frame_at or -math.inf)
+        if self.info.camera or now - since < BLIND_AFTER_S:
+            return
+        if self.dds_profile:
+            fix = ('this node already takes its frames over UDP (its own Fast DDS profile): '
+                   'check that the camera really publishes (ros2 topic hz), that '
+                   'net.core.rmem_max is at least 4194304 (sysctl), or give the camera '
+                   'config/fastdds_large_images.xml')
+        else:
+            fix = ('start the node without FASTDDS_DEFAULT_PROFILES_FILE/'
+                   'FASTRTPS_DEFAULT_PROFILES_FILE so that it applies its own profile, give '
+                   'the camera config/fastdds_large_images.xml, or publish reliable or on '
+                   '<topic>/compressed')
+        text = (f'blind: {publishers} publisher(s) on {" and ".join(topics)} but no frame '
+                f'arrived for {now - since:.0f} s; large best-effort frames are lost by '
+                f'Fast DDS shared memory (> 512 KB). Fix: {fix}')
+        with self._cond:
+            self.info.camera = text
+        self._publish_error(text)
+
+    def _refuse(self, request_id, text, reason):
+        """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered."""
+        self._publish_error(f'request {request_id}: {reason}')
+        self._publish_info({'request_id': request_id, 'prompt': text, 'text': None,
+                            'image': None, 'finish_reason': 'refused', 'error': reason})
+
+    def _publish_info(self, info):
+        self._safe_publish(self.pub_info, String(data=json.dumps(info, ensure_ascii=False)))
+
     def _on_prompt(self, msg):
         text = msg.data
+        request_id = self._next_request_id
+        self._next_request_id += 1
         if not text.strip():
-            self._publish_error('empty prompt ignored')
+            self._refuse(request_id, text, 'empty prompt ignored')
             return
         if len(text) > MAX_PROMPT_CHARS:
-            self._publish_error(f'prompt of {len(text)} characters rejected '
-                                f'(limit {MAX_PROMPT_CHARS})')
+            self._refuse(request_id, text[:200], f'prompt of {len(text)} characters rejected '
+                         f'(limit {MAX_PROMPT_CHARS})')
             return
         now = self.get_clock().now().nanoseconds
         image = self._newest_image
         max_age = self.params['image_max_age_s']
+        no_image = ''
         if image is None:
-            self.get_logger().info('no image received yet: the prompt is answered text-only')
+            no_image = 'no image received yet'
         elif (now - image.stamp_ns) / 1e9 > max_age:
             age = (now - image.stamp_ns) / 1e9
-            self.get_logger().info(
-                f'newest image is {age:.1f} s old (> image_max_age_s {max_age:g} s): the '
-                'prompt is answered text-only')
+            no_image = f'newest image is {age:.1f} s old (> image_max_age_s {max_age:g} s)'
             image = None
+        if no_image:
+            self.get_logger().info(f'{no_image}: the prompt is answered text-only')
         dropped = None
         with self._cond:
             if len(self._queue) >= self.params['queue_size']:
                 dropped = self._queue.popleft()
                 self.info.dropped_prompts += 1
-            self._queue.append(Request(text, image, now))
+            self._queue.append(Request(request_id, text, image, now, no_image))
             self.info.queue_depth = len(self._queue)
             self._cond.notify_all()
         if dropped is not None:
-            self._publish_error(
-                f"queue full (queue_size {self.params['queue_size']}): dropped the oldest "
-                f"prompt '{_preview(dropped.text)}'")
+            self._refuse(dropped.request_id, dropped.text,
+                         f"queue full (queue_size {self.params['queue_size']}): dropped the "
+                         f"oldest prompt '{_preview(dropped.text)}'")
 
     def _cancel_generation(self):
         with self._cond:
@@ -569,16 +668,25 @@ class OrinLLMNode(Node):
                     self._answer(request)
             except ValueError as exc:   # the engine's verdict on the input (nothing changed)
                 self.info.errors += 1
-                self._publish_error(f"prompt rejected: {' '.join(str(exc).split())}")
+                self._report_failure(request, f"prompt rejected: {' '.join(str(exc).split())}")
             except Exception as exc:  # noqa: BLE001 - bad input must never kill the node
                 self.info.errors += 1
                 reason = ' '.join(str(exc).split()) or type(exc).__name__
-                self._publish_error(f'request failed: {reason}')
+                self._report_failure(request, f'request failed: {reason}')
                 self.get_logger().debug(traceback.format_exc())
             finally:
                 with self._cond:
                     self._busy = False
             self._diagnostics()
+
+    def _report_failure(self, request, text):
+        if request is None:
+            self._publish_error(text)
+            return
+        self._publish_error(f'{text} (request {request.request_id})')
+        self._publish_info({'request_id': request.request_id, 'prompt': request.text,
+                            'text': None, 'image': None, 'finish_reason': 'error',
+                            'error': text})
 
     def _engine_config(self, model_path):
         from orin_llm_node.engine import EngineConfig
@@ -672,11 +780,13 @@ class OrinLLMNode(Node):
                     self._newest_image = None
             self.info.errors += 1
             self._publish_error(f'image rejected: {exc}; the prompt is answered text-only')
-            return None
+            return str(exc)
 
     def _answer(self, request):
         self.info.requests += 1
         rgb = self._decode_image(request.image) if request.image is not None else None
+        if isinstance(rgb, str):
+            request.no_image, rgb = f'image rejected: {rgb}', None
         images = [rgb] if rgb is not None else []
         if rgb is not None:
             self.info.last_image_stamp = request.image.stamp_ns / 1e9
@@ -705,9 +815,21 @@ class OrinLLMNode(Node):
         self._record_latency(result)
         what = f"'{_preview(request.text)}'" + (
             f' + {rgb.shape[1]}x{rgb.shape[0]} image' if rgb is not None else '')
+        self._publish_info({
+            'request_id': request.request_id, 'prompt': request.text,
+            'text': None if result.error else result.text,
+            'image': request.image.describe() if rgb is not None else None,
+            'no_image': request.no_image or None,
+            'finish_reason': finish, 'error': result.error,
+            'generated_tokens': len(result.token_ids), 'cached_tokens': result.cached_tokens,
+            'prompt_tokens': len(result.prompt_token_ids),
+            'ttft_ms': round(1000.0 * result.ttft_s, 3),
+            'decode_tok_s': round(result.decode_tok_s, 3),
+            'weight_format': self._engine.weight_format})
         if result.error:
             self.info.errors += 1
-            self._publish_error(f'prompt {what} rejected ({finish}): {result.error}')
+            self._publish_error(f'prompt {what} rejected ({finish}, request '
+                                f'{request.request_id}): {result.error}')
             return
         self._safe_publish(self.pub_response, String(data=result.text))
         summary = (
@@ -729,6 +851,8 @@ class OrinLLMNode(Node):
 
 def main(args=None):
     """Entry point of the ``orin_llm_node`` executable."""
+    # Before the DDS participant exists (rclpy.init): large camera frames must reach us.
+    profile = dds_profile.apply()
     # Ctrl-C and SIGTERM only set a flag; the main thread polls it between short spins, so a
     # signal can never land inside a DDS call and teardown always starts.
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
@@ -739,6 +863,10 @@ def main(args=None):
     code = 0
     try:
         node = OrinLLMNode()
+        node.dds_profile = profile
+        if profile:
+            node.get_logger().info(f'Fast DDS profile {profile} applied (camera frames over '
+                                   'UDP; set FASTDDS_DEFAULT_PROFILES_FILE to use your own)')
         node.start()
         while not stop.is_set() and rclpy.ok():
             rclpy.spin_once(node, timeout_sec=0.1)

@@ -9,6 +9,7 @@ Budget: ~1-2 min on 2 busy cores.
 """
 
 import array
+import json
 import os
 from pathlib import Path
 import signal
@@ -86,7 +87,7 @@ class Probe:
         self.executor.add_node(self.node)
         n = self.node
         self.ready = None
-        self.responses, self.deltas, self.errors = [], [], []
+        self.responses, self.deltas, self.errors, self.infos = [], [], [], []
         self.diag = {}                  # status name -> (level, message, {key: value})
         self.diag_log = []
         self.pub_prompt = n.create_publisher(String, f'{ns}/prompt', RELIABLE)
@@ -101,6 +102,8 @@ class Probe:
                               lambda m: self.deltas.append(m.data), STREAM)
         n.create_subscription(String, f'{ns}/error', lambda m: self.errors.append(m.data),
                               RELIABLE)
+        n.create_subscription(String, f'{ns}/response/info',
+                              lambda m: self.infos.append(json.loads(m.data)), RELIABLE)
         n.create_subscription(DiagnosticArray, '/diagnostics', self._on_diag, RELIABLE)
         self.reset_client = n.create_client(Trigger, f'{ns}/reset')
         self.cancel_client = n.create_client(Trigger, f'{ns}/cancel')
@@ -397,7 +400,7 @@ def test_queue_overflow_drops_the_oldest_prompt(probe):
         probe.pub_prompt.publish(String(data=f'Queued prompt {i}.'))
 
     def drops():
-        return [e for e in probe.errors[n_err:] if e.startswith('queue full')]
+        return [e for e in probe.errors[n_err:] if 'queue full' in e]
 
     probe.spin_until(lambda: drops() and len(probe.responses) - n_resp >= 4 - len(drops()),
                      ANSWER_TIMEOUT, 'a dropped prompt and the other answers')

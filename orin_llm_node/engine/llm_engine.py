@@ -117,6 +117,11 @@ class LLMEngine:
         return self.pool.block_size
 
     @property
+    def weight_format(self) -> str:
+        """How the weights are stored, e.g. ``bfloat16`` (the model dtype's name)."""
+        return str(self.dtype).replace("torch.", "")
+
+    @property
     def uses_cuda_graph(self) -> bool:
         """Whether decode steps replay a captured CUDA graph (not merely enabled)."""
         return self.runner.cuda_graph_active
