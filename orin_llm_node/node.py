@@ -50,6 +50,9 @@ NODE_NAME = 'orin_llm'
 MAX_PROMPT_CHARS = 100_000
 # A camera publisher matched and no frame for this long: the node says it is blind.
 BLIND_AFTER_S = 5.0
+# Header stamps further ahead of our clock than this are refused (clock skew, bad drivers).
+FUTURE_TOLERANCE_S = 1.0
+PROMPT_DEPTH = 1000
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / 'demo_model'
 
 
@@ -320,7 +323,9 @@ class OrinLLMNode(Node):
         self.pub_diag = self.create_publisher(DiagnosticArray, '/diagnostics', _qos(10))
         self.pub_info = self.create_publisher(String, 'response/info', _qos(10))
         self._image_subs = self._subscribe_images()
-        self.create_subscription(String, 'prompt', self._on_prompt, _qos(10))
+        # Deep enough that DDS never drops a prompt while the executor is busy: every prompt
+        # reaches _on_prompt, where an overflow of the queue is reported.
+        self.create_subscription(String, 'prompt', self._on_prompt, _qos(PROMPT_DEPTH))
         self.create_service(Trigger, 'reset', self._on_reset)
         self.create_service(Trigger, 'cancel', self._on_cancel)
         self.add_on_set_parameters_callback(self._on_set_parameters)
@@ -443,12 +448,19 @@ class OrinLLMNode(Node):
         """Keep `msg` as the newest image if its header and encoding can be decoded later."""
         self._frame_arrived()
         check = ros_image.check_compressed if compressed else ros_image.check_image
+        stamp, stamped = self._stamp_ns(msg.header)
         try:
-            check(msg)
+            check(msg)      # headers only: every check the engine's processor would make
+            ahead = (stamp - self.get_clock().now().nanoseconds) / 1e9
+            if ahead > FUTURE_TOLERANCE_S:
+                raise ros_image.ImageConversionError(
+                    f'stamp is {ahead:.1f} s in the future (clocks out of sync?)')
         except ros_image.ImageConversionError as exc:
+            # Refused once, here: the prompts after it are answered text-only.
+            with self._cond:
+                self._newest_image = None
             self._reject_image('image/compressed' if compressed else 'image', str(exc))
             return
-        stamp, stamped = self._stamp_ns(msg.header)
         with self._cond:
             self._newest_image = PendingImage(msg, compressed, stamp, stamped)
 
@@ -851,14 +863,15 @@ class OrinLLMNode(Node):
 
 def main(args=None):
     """Entry point of the ``orin_llm_node`` executable."""
-    # Before the DDS participant exists (rclpy.init): large camera frames must reach us.
-    profile = dds_profile.apply()
-    # Ctrl-C and SIGTERM only set a flag; the main thread polls it between short spins, so a
-    # signal can never land inside a DDS call and teardown always starts.
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    # Ctrl-C and SIGTERM only set a flag, from here to the end (a second signal changes
+    # nothing); the main thread polls it between short spins, so a signal can never land inside
+    # a DDS call and teardown always starts.
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    # Before the DDS participant exists (rclpy.init): large camera frames must reach us.
+    profile = dds_profile.apply()
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     node = None
     code = 0
     try:
@@ -884,7 +897,9 @@ def main(args=None):
         watchdog.daemon = True
         watchdog.start()
         if node is not None:
-            if not node.stop():
+            # Loading weights cannot be interrupted: a signal while loading ends the process at
+            # once (nothing is being answered yet) instead of waiting for the load to finish.
+            if not node.stop(timeout_s=1.0 if node.info.state == 'loading' else 10.0):
                 _hard_exit(code)
             code = code or node.exit_code
             node.destroy_node()

@@ -33,6 +33,8 @@ from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 from std_msgs.msg import Bool, String  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 
+from test_ros_image import png_bomb, png_header_only  # noqa: E402
+
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -165,6 +167,17 @@ class Probe:
         while ''.join(self.deltas) != answer and time.monotonic() < deadline:
             self.executor.spin_once(timeout_sec=0.05)
         return answer
+
+    def ask_info(self, text, timeout=ANSWER_TIMEOUT):
+        """Publish ``text``; the node's ``response/info`` for it."""
+        n_info = len(self.infos)
+        self.pub_prompt.publish(String(data=text))
+
+        def mine():
+            return [i for i in self.infos[n_info:] if i['prompt'] == text]
+
+        self.spin_until(mine, timeout, f'response/info for {text[:40]!r}')
+        return mine()[0]
 
     def expect_error(self, publish, needle, timeout=20.0):
         n_err = len(self.errors)
@@ -353,8 +366,10 @@ def test_runtime_parameters_and_bad_inputs(probe, reference):
         (raw('bgr8', bytes(w * h * 3), step=w * 3 - 3), 'step'),
         (raw('rgb8', bytes(16), width=100000, height=100000, step=300000), 'absurd'),
         (compressed(b'definitely not a jpeg'), 'magic'),
+        (compressed(b'\xff\xd8\xff\xe0' + bytes(64)), 'header could not be read'),
+        (compressed(png_bomb(300, 1), 'png'), 'aspect ratio 300.0'),
         # Passes the header checks, fails when the worker decodes it for the prompt.
-        (compressed(b'\xff\xd8\xff\xe0' + bytes(64)), 'could not be decoded'),
+        (compressed(png_header_only(64, 48), 'png'), 'could not be decoded'),
     ]
     for i, (msg, needle) in enumerate(cases):
         text = f'Still there {i}?'
@@ -453,6 +468,60 @@ def test_use_sim_time_ages_images_on_the_ros_clock(probe):
     probe.reset()
 
 
+def peak_rss_mb(proc):
+    """The process's peak resident memory (VmHWM) in MB."""
+    for line in Path(f'/proc/{proc.pid}/status').read_text().splitlines():
+        if line.startswith('VmHWM:'):
+            return int(line.split()[1]) / 1024
+    raise AssertionError('no VmHWM')
+
+
+def test_image_bomb_and_bad_images_are_refused_on_arrival(probe, node):
+    probe.reset()
+    probe.set_params(max_new_tokens=2)
+    idle = peak_rss_mb(node)
+    bomb = CompressedImage(format='png')
+    bomb.data = array.array('B', png_bomb(16000, 16000))     # 768 MB once decoded
+    for msg, needle in ((bomb, 'absurd'),
+                        (probe.image(red_disc(1, 300)), 'aspect ratio 300.0'),
+                        (probe.image(red_disc(), stamp_ns=probe.node.get_clock().now().nanoseconds
+                                     + 3600 * 10**9), 'in the future')):
+        probe.send_image(probe.image(red_disc()))          # a good image first: then refused
+        probe.expect_error(lambda m=msg: probe.send_image(m), needle)
+        info = probe.ask_info(f'After {needle}?')
+        assert info['image'] is None and info['no_image'] == 'no image received yet', info
+        assert info['finish_reason'] in ('stop', 'length') and info['text'] is not None
+    assert peak_rss_mb(node) - idle < 200, 'the bomb was decoded'
+    probe.set_params(max_new_tokens=MAX_NEW)
+    probe.reset()
+
+
+def test_a_prompt_flood_is_answered_or_reported_prompt_by_prompt(probe):
+    probe.set_params(max_new_tokens=1)
+    deep = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000,
+                      reliability=ReliabilityPolicy.RELIABLE)
+    infos = []
+    sub = probe.node.create_subscription(String, f'{NS}/response/info',
+                                         lambda m: infos.append(json.loads(m.data)), deep)
+    pub = probe.node.create_publisher(String, f'{NS}/prompt', deep)
+    probe.spin_until(lambda: pub.get_subscription_count() > 0 and
+                     sub.get_publisher_count() > 0, 20.0, 'flood endpoints matched')
+    texts = [f'Flood {i}.' for i in range(300)]
+    for text in texts:
+        pub.publish(String(data=text))
+    probe.spin_until(lambda: len({i['prompt'] for i in infos} & set(texts)) == len(texts),
+                     120.0, 'one response/info per prompt')
+    mine = [i for i in infos if i['prompt'] in texts]
+    assert len(mine) == len(texts) and len({i['request_id'] for i in mine}) == len(texts)
+    refused = [i for i in mine if i['finish_reason'] == 'refused']
+    assert refused and all('queue full' in i['error'] for i in refused)
+    assert len(mine) - len(refused) >= 2, 'some are answered'
+    probe.node.destroy_subscription(sub)
+    probe.node.destroy_publisher(pub)
+    probe.set_params(max_new_tokens=MAX_NEW)
+    probe.reset()
+
+
 def test_sigterm_shuts_down_cleanly(probe, node):
     failures = [e for e in probe.errors if e.startswith('request failed')]
     assert not failures, f'internal errors while serving: {failures}'
@@ -464,9 +533,9 @@ def test_sigterm_shuts_down_cleanly(probe, node):
 
 @pytest.fixture(scope='module')
 def single(tiny_ckpt, tmp_path_factory):
-    """A second node: conversation_mode single, a 1 s deadline per answer."""
+    """A second node: conversation_mode single, a 3 s deadline per answer (a busy CI core)."""
     proc = start_node(tiny_ckpt, SINGLE_NS, tmp_path_factory.mktemp('single'),
-                      'conversation_mode:=single', 'max_generation_s:=1.0',
+                      'conversation_mode:=single', 'max_generation_s:=3.0',
                       f'max_new_tokens:={MAX_NEW}')
     p = connect(proc, SINGLE_NS)
     yield p
@@ -537,3 +606,23 @@ def test_bad_parameter_exits_with_one_line(tmp_path):
     assert proc.returncode != 0
     out = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(out) == 1 and "'top_p'" in out[0], out
+
+
+@pytest.mark.parametrize('signals', [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM,)],
+                         ids=['two-sigints', 'sigterm'])
+def test_a_signal_while_loading_exits_at_once_with_code_0(tiny_ckpt, tmp_path, signals):
+    proc = start_node(tiny_ckpt, '/llm_signal', tmp_path)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while ']: loading ' not in proc.log_path.read_text():
+            assert proc.poll() is None, proc.log_path.read_text()[-2000:]
+            assert time.monotonic() < deadline, 'never started loading'
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.1)
+        assert proc.wait(timeout=30) == 0, proc.log_path.read_text()[-2000:]
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        stop(proc)

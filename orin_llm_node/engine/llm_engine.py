@@ -173,9 +173,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}")
-        turn = self.prompts.user_turn(conv, text, list(images or []))
+        turn = self.prompts.user_turn(conv, _checked_text(text), _checked_images(images))
         plan = self.scheduler.plan(conv, turn, sampling.max_tokens)
         if plan.status != OK:
             yield StreamEvent("", result=self._refused(conv, turn, plan))
@@ -334,3 +332,26 @@ class _TurnState:
         self.vision_s = 0.0
         self.tail = ""
         self.result: ChatResult | None = None
+
+
+def _checked_text(text):
+    """``text`` if the tokenizer can take it, else a ``ValueError`` naming the problem."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:       # lone surrogates: not text the tokenizer can take
+        raise ValueError(
+            f"text is not valid Unicode: {exc.reason} {text[exc.start:exc.end]!r} at index "
+            f"{exc.start}") from None
+    return text
+
+
+def _checked_images(images):
+    """``images`` as a list; a bare array (one image without its list) is a ``ValueError``."""
+    if images is None:
+        return []
+    if isinstance(images, np.ndarray):
+        raise ValueError(f"images must be a list of H x W x 3 uint8 arrays, got a bare "
+                         f"{images.shape} array: pass [image]")
+    return list(images)
