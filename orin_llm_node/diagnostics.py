@@ -12,7 +12,8 @@ and at once when a level changes -- never per block or per token.
 Everything here is pure (the caller passes the clock), so it is unit-tested without rclpy.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+import threading
 
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
@@ -43,11 +44,11 @@ _WINDOWED = {
 }
 
 
-@dataclass
-class GenerationInfo:
-    """What the node knows about generation; owned and mutated by its worker thread."""
+@dataclass(frozen=True)
+class GenerationSnapshot:
+    """What the node knows about generation at one moment (see :class:`GenerationInfo`)."""
 
-    state: str = 'loading'          # loading | ready | failed
+    state: str = 'loading'          # loading | ready | failed (lifecycle: see the node)
     device: str = ''
     dtype: str = ''
     cuda_graph: bool = False
@@ -62,6 +63,37 @@ class GenerationInfo:
     last_finish_reason: str = ''
     detail: str = ''                # e.g. the load error
     camera: str = ''                # why the node is blind (a camera matched, no frames)
+
+
+class GenerationInfo:
+    """The node's generation facts, written by the executor and the worker thread alike.
+
+    Every write goes through :meth:`update` / :meth:`add` and every read through
+    :meth:`snapshot`, all under one lock, so no update is ever lost (``errors`` counted from
+    two threads at once included); there are no attributes to assign to by mistake.
+    """
+
+    __slots__ = ('_lock', '_state')
+
+    def __init__(self, **values):
+        self._lock = threading.Lock()
+        self._state = GenerationSnapshot(**values)
+
+    def update(self, **values):
+        """Set fields (names as in :class:`GenerationSnapshot`)."""
+        with self._lock:
+            self._state = replace(self._state, **values)
+
+    def add(self, **counts):
+        """Add to counters, e.g. ``add(errors=1)``."""
+        with self._lock:
+            self._state = replace(self._state, **{
+                name: getattr(self._state, name) + n for name, n in counts.items()})
+
+    def snapshot(self):
+        """The current facts, as one consistent frozen :class:`GenerationSnapshot`."""
+        with self._lock:
+            return self._state
 
 
 def _fmt(value):
@@ -126,7 +158,9 @@ def pool_status(stats, recent, warn_fraction, name='orin_llm: kv_block_pool', ha
 
 
 def generation_status(info, recent, name='orin_llm: generation', hardware_id=''):
-    """Build the ``generation`` status from a :class:`GenerationInfo`."""
+    """Build the ``generation`` status from a :class:`GenerationInfo` (or a snapshot of one)."""
+    if isinstance(info, GenerationInfo):
+        info = info.snapshot()
     values = [(k, getattr(info, k)) for k in GENERATION_KEYS]
     values.append(('dropped_prompts', info.dropped_prompts))
     values.append(('camera', 'blind' if info.camera else 'ok'))
@@ -179,6 +213,7 @@ class DiagnosticsMonitor:
 
     def statuses(self, now, pool_stats, info):
         """Both statuses for time ``now`` (seconds, any monotonic clock); updates the windows."""
+        info = info.snapshot() if isinstance(info, GenerationInfo) else info
         counters = {}
         if pool_stats is not None:
             counters = {k: getattr(pool_stats, k, None) for k in _WINDOWED}

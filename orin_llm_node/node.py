@@ -424,8 +424,7 @@ class OrinLLMNode(Node):
         self._safe_publish(self.pub_error, String(data=text))
 
     def _reject_image(self, topic, reason):
-        with self._cond:
-            self.info.errors += 1
+        self.info.add(errors=1)
         # A broken camera sends the same problem 30 times a second: say it once a second.
         now = time.monotonic()
         if now - self._image_errors.get(reason, -math.inf) >= 1.0:
@@ -466,9 +465,8 @@ class OrinLLMNode(Node):
 
     def _frame_arrived(self):
         self._last_frame_at = time.monotonic()
-        if self.info.camera:
-            with self._cond:
-                self.info.camera = ''
+        if self.info.snapshot().camera:
+            self.info.update(camera='')
             self.get_logger().info('camera frames are arriving again')
 
     def _check_camera(self):
@@ -482,7 +480,7 @@ class OrinLLMNode(Node):
         if self._publishers_since is None:
             self._publishers_since = now
         since = max(self._publishers_since, self._last_frame_at or -math.inf)
-        if self.info.camera or now - since < BLIND_AFTER_S:
+        if self.info.snapshot().camera or now - since < BLIND_AFTER_S:
             return
         if self.dds_profile:
             fix = ('this node already takes its frames over UDP (its own Fast DDS profile): '
@@ -497,8 +495,7 @@ class OrinLLMNode(Node):
         text = (f'blind: {publishers} publisher(s) on {" and ".join(topics)} but no frame '
                 f'arrived for {now - since:.0f} s; large best-effort frames are lost by '
                 f'Fast DDS shared memory (> 512 KB). Fix: {fix}')
-        with self._cond:
-            self.info.camera = text
+        self.info.update(camera=text)
         self._publish_error(text)
 
     def _refuse(self, request_id, text, reason):
@@ -537,9 +534,9 @@ class OrinLLMNode(Node):
         with self._cond:
             if len(self._queue) >= self.params['queue_size']:
                 dropped = self._queue.popleft()
-                self.info.dropped_prompts += 1
+                self.info.add(dropped_prompts=1)
             self._queue.append(Request(request_id, text, image, now, no_image))
-            self.info.queue_depth = len(self._queue)
+            self.info.update(queue_depth=len(self._queue))
             self._cond.notify_all()
         if dropped is not None:
             self._refuse(dropped.request_id, dropped.text,
@@ -576,12 +573,12 @@ class OrinLLMNode(Node):
 
     def _on_loading_timer(self):
         # Until the engine exists the worker cannot publish diagnostics: say we are loading.
-        if self.info.state != 'loading':
+        if self.info.snapshot().state != 'loading':
             self._loading_timer.cancel()
             return
         now = time.monotonic()
         elapsed = now - self._load_started
-        self.info.detail = f'loading model ({elapsed:.0f} s)'
+        self.info.update(detail=f'loading model ({elapsed:.0f} s)')
         if now - self._last_load_log >= 10.0:
             self._last_load_log = now
             self.get_logger().info(f'still loading the model ({elapsed:.0f} s)...')
@@ -626,7 +623,7 @@ class OrinLLMNode(Node):
         if only_if_due and self.monitor.seconds_until_due(now) > 0:
             return
         with self._cond:
-            self.info.queue_depth = len(self._queue)
+            self.info.update(queue_depth=len(self._queue))
         stats = self._engine.stats() if self._engine is not None else None
         with self._diag_lock:
             statuses = self.monitor.update(now, stats, self.info, force=force)
@@ -635,8 +632,7 @@ class OrinLLMNode(Node):
 
     def _fail(self, text):
         self.get_logger().fatal(text)
-        self.info.state = 'failed'
-        self.info.detail = text
+        self.info.update(state='failed', detail=text)
         self.exit_code = 1
         self._diagnostics(force=True)
         self._safe_publish(self.pub_ready, Bool(data=False))
@@ -653,8 +649,7 @@ class OrinLLMNode(Node):
             return
         if self._stop.is_set() or not self.context.ok():
             return                      # shut down while loading: nobody is listening
-        self.info.state = 'ready'
-        self.info.detail = ''
+        self.info.update(state='ready', detail='')
         self._safe_publish(self.pub_ready, Bool(data=True))
         self.get_logger().info('ready: publish a prompt on '
                                f"{self.resolve_topic_name('prompt')}")
@@ -668,7 +663,7 @@ class OrinLLMNode(Node):
                 reset, self._reset_requested = self._reset_requested, False
                 if self._queue and not reset and not self._stop.is_set():
                     request = self._queue.popleft()
-                    self.info.queue_depth = len(self._queue)
+                    self.info.update(queue_depth=len(self._queue))
                     self._busy = True
                     self._cancel_pending = False
             if self._stop.is_set():
@@ -679,10 +674,10 @@ class OrinLLMNode(Node):
                 if request is not None:
                     self._answer(request)
             except ValueError as exc:   # the engine's verdict on the input (nothing changed)
-                self.info.errors += 1
+                self.info.add(errors=1)
                 self._report_failure(request, f"prompt rejected: {' '.join(str(exc).split())}")
             except Exception as exc:  # noqa: BLE001 - bad input must never kill the node
-                self.info.errors += 1
+                self.info.add(errors=1)
                 reason = ' '.join(str(exc).split()) or type(exc).__name__
                 self._report_failure(request, f'request failed: {reason}')
                 self.get_logger().debug(traceback.format_exc())
@@ -728,14 +723,13 @@ class OrinLLMNode(Node):
         t0 = time.monotonic()
         engine = LLMEngine(config)
         stats = engine.stats()
-        self.info.device = str(engine.device)
-        self.info.dtype = str(engine.dtype).replace('torch.', '')
-        # Reported only when the engine says graphs are really in use (not just enabled).
-        self.info.cuda_graph = bool(getattr(engine, 'uses_cuda_graph', False))
-        self.monitor.hardware_id = self.info.device
+        # cuda_graph: reported only when the engine says graphs are really in use.
+        self.info.update(device=str(engine.device), dtype=engine.weight_format,
+                         cuda_graph=bool(engine.uses_cuda_graph))
+        self.monitor.hardware_id = str(engine.device)
         mb = stats.total_blocks * stats.bytes_per_block / 2 ** 20
-        log.info(f'loaded in {time.monotonic() - t0:.1f} s on {self.info.device} '
-                 f'({self.info.dtype}); KV pool: {stats.total_blocks} blocks x '
+        log.info(f'loaded in {time.monotonic() - t0:.1f} s on {engine.device} '
+                 f'({engine.weight_format}); KV pool: {stats.total_blocks} blocks x '
                  f'{stats.block_size} tokens ({mb:.1f} MB)')
         t0 = time.monotonic()
         self._warm_up(engine)
@@ -790,18 +784,18 @@ class OrinLLMNode(Node):
             with self._cond:
                 if self._newest_image is pending:     # do not pair it with the next prompt
                     self._newest_image = None
-            self.info.errors += 1
+            self.info.add(errors=1)
             self._publish_error(f'image rejected: {exc}; the prompt is answered text-only')
             return str(exc)
 
     def _answer(self, request):
-        self.info.requests += 1
+        self.info.add(requests=1)
         rgb = self._decode_image(request.image) if request.image is not None else None
         if isinstance(rgb, str):
             request.no_image, rgb = f'image rejected: {rgb}', None
         images = [rgb] if rgb is not None else []
         if rgb is not None:
-            self.info.last_image_stamp = request.image.stamp_ns / 1e9
+            self.info.update(last_image_stamp=request.image.stamp_ns / 1e9)
         sampling = self._sampling()
         conv = self._conversation()
         t0 = time.monotonic()
@@ -823,7 +817,7 @@ class OrinLLMNode(Node):
         if self._stop.is_set() or not self.context.ok():
             return                      # shutting down (Ctrl-C): nobody to tell
         finish = result.finish_reason
-        self.info.last_finish_reason = finish
+        self.info.update(last_finish_reason=finish)
         self._record_latency(result)
         what = f"'{_preview(request.text)}'" + (
             f' + {rgb.shape[1]}x{rgb.shape[0]} image' if rgb is not None else '')
@@ -839,7 +833,7 @@ class OrinLLMNode(Node):
             'decode_tok_s': round(result.decode_tok_s, 3),
             'weight_format': self._engine.weight_format})
         if result.error:
-            self.info.errors += 1
+            self.info.add(errors=1)
             self._publish_error(f'prompt {what} rejected ({finish}, request '
                                 f'{request.request_id}): {result.error}')
             return
@@ -856,9 +850,9 @@ class OrinLLMNode(Node):
             self.get_logger().info(summary)
 
     def _record_latency(self, result):
-        self.info.last_ttft_ms = 1000.0 * result.ttft_s
-        self.info.last_vision_ms = 1000.0 * result.vision_s
-        self.info.last_decode_tok_s = result.decode_tok_s
+        self.info.update(last_ttft_ms=1000.0 * result.ttft_s,
+                         last_vision_ms=1000.0 * result.vision_s,
+                         last_decode_tok_s=result.decode_tok_s)
 
 
 def main(args=None):
@@ -899,7 +893,8 @@ def main(args=None):
         if node is not None:
             # Loading weights cannot be interrupted: a signal while loading ends the process at
             # once (nothing is being answered yet) instead of waiting for the load to finish.
-            if not node.stop(timeout_s=1.0 if node.info.state == 'loading' else 10.0):
+            loading = node.info.snapshot().state == 'loading'
+            if not node.stop(timeout_s=1.0 if loading else 10.0):
                 _hard_exit(code)
             code = code or node.exit_code
             node.destroy_node()

@@ -557,6 +557,30 @@ def test_single_mode_answers_each_prompt_alone(single, reference):
     single.spin_until(lambda: single.pool()[2]['used_blocks'] == '0', 5.0, 'used_blocks 0')
 
 
+def test_two_clients_each_get_their_own_answer(single, reference):
+    texts = ('What colour is the shape?', 'Describe the scene in detail.')
+    greedy = SamplingParams(max_tokens=MAX_NEW)
+    expected = []
+    for text in texts:
+        conv = reference.new_conversation(SYSTEM)
+        expected.append(reference.chat(conv, text, sampling=greedy).text)
+        reference.reset(conv)
+    assert expected[0] != expected[1]
+    exe = Path(sys.executable).with_name('orin_llm_chat')
+    cmd = [str(exe)] if exe.is_file() else [sys.executable, '-m', 'orin_llm_node.chat_client']
+    clients = [subprocess.Popen(cmd + ['-n', SINGLE_NS, '--timeout', '120', text],
+                                env=ros_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for text in texts]
+    outs = [c.communicate(timeout=180) for c in clients]
+    for client, (out, err), answer in zip(clients, outs, expected):
+        assert client.returncode == 0, err[-2000:]
+        assert out.rstrip('\n') == answer and 'finish_reason=' in err
+    single.spin_until(lambda: {i['prompt'] for i in single.infos} >= set(texts), 10.0,
+                      'both infos')
+    ids = {i['prompt']: i['request_id'] for i in single.infos}
+    assert ids[texts[0]] != ids[texts[1]]
+
+
 def test_max_generation_s_ends_the_answer_with_timeout(single):
     single.set_params(max_new_tokens=100000)
     t0 = time.monotonic()
