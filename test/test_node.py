@@ -572,7 +572,7 @@ def test_two_clients_each_get_their_own_answer(single, reference):
                                 env=ros_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for text in texts]
     outs = [c.communicate(timeout=180) for c in clients]
-    for client, (out, err), answer in zip(clients, outs, expected):
+    for client, (out, err), answer in zip(clients, outs, expected, strict=True):
         assert client.returncode == 0, err[-2000:]
         assert out.rstrip('\n') == answer and 'finish_reason=' in err
     single.spin_until(lambda: {i['prompt'] for i in single.infos} >= set(texts), 10.0,
