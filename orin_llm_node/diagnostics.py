@@ -48,7 +48,8 @@ _WINDOWED = {
 class GenerationSnapshot:
     """What the node knows about generation at one moment (see :class:`GenerationInfo`)."""
 
-    state: str = 'loading'          # loading | ready | failed (lifecycle: see the node)
+    state: str = 'loading'          # unconfigured | loading | inactive | ready | failed |
+    #                                 finalized (the node's lifecycle)
     device: str = ''
     dtype: str = ''
     cuda_graph: bool = False
@@ -164,10 +165,15 @@ def generation_status(info, recent, name='orin_llm: generation', hardware_id='')
     values = [(k, getattr(info, k)) for k in GENERATION_KEYS]
     values.append(('dropped_prompts', info.dropped_prompts))
     values.append(('camera', 'blind' if info.camera else 'ok'))
+    values.append(('state', info.state))
     if info.state == 'failed':
         return _status(ERROR, name, f'engine failed: {info.detail}', hardware_id, values)
     if info.state == 'loading':
         return _status(OK, name, info.detail or 'loading model', hardware_id, values)
+    if info.state in ('unconfigured', 'inactive', 'finalized'):   # managed: not answering
+        level = WARN if info.detail else OK
+        return _status(level, name, f'{info.state}' + (f': {info.detail}' if info.detail
+                                                        else ''), hardware_id, values)
     problems = [info.camera] if info.camera else []
     if recent.get('errors', 0):
         problems.append(f"{recent['errors']} request error(s)")

@@ -31,9 +31,10 @@ from rcl_interfaces.msg import ParameterDescriptor, ParameterType, SetParameters
 import rclpy
 from rclpy.exceptions import InvalidParameterTypeException, ParameterException
 from rclpy.executors import ExternalShutdownException
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
+from rclpy.utilities import remove_ros_args
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
@@ -290,14 +291,23 @@ def _preview(text, n=60):
     return text if len(text) <= n else text[:n - 3] + '...'
 
 
-class OrinLLMNode(Node):
-    """Qwen3-VL node: see DESIGN §5 for its topics, services and parameters."""
+class OrinLLMNode(LifecycleNode):
+    """Qwen3-VL node: see the README for its topics, services and parameters.
 
-    def __init__(self, **kwargs):
+    A managed (lifecycle) node: ``configure`` loads the weights, warms up and captures graphs
+    (on the worker thread), ``activate`` opens the image subscriptions and the services,
+    ``deactivate`` cancels the answer in flight and drops the queue, ``cleanup`` frees the
+    engine.  The prompt subscription lives from ``configure`` to ``cleanup`` so that a prompt
+    sent while inactive is refused with a reason.  Unless ``managed``, :meth:`autostart` runs
+    configure and activate at once (the plain node).
+    """
+
+    def __init__(self, managed=False, **kwargs):
         super().__init__(NODE_NAME, **kwargs)
+        self.managed = managed
         self.params = self._declare_parameters()
         self.exit_code = 0
-        self.info = GenerationInfo()
+        self.info = GenerationInfo(state='unconfigured')
         self._engine = None
         self._conv = None
         self._conv_system_prompt = None
@@ -322,15 +332,16 @@ class OrinLLMNode(Node):
         self.pub_ready = self.create_publisher(Bool, 'ready', _qos(1, latched=True))
         self.pub_diag = self.create_publisher(DiagnosticArray, '/diagnostics', _qos(10))
         self.pub_info = self.create_publisher(String, 'response/info', _qos(10))
-        self._image_subs = self._subscribe_images()
-        # Deep enough that DDS never drops a prompt while the executor is busy: every prompt
-        # reaches _on_prompt, where an overflow of the queue is reported.
-        self.create_subscription(String, 'prompt', self._on_prompt, _qos(PROMPT_DEPTH))
-        self.create_service(Trigger, 'reset', self._on_reset)
-        self.create_service(Trigger, 'cancel', self._on_cancel)
+        self._image_subs = []           # from activate to deactivate
+        self._open_services = []        # from activate to deactivate
+        self._prompt_sub = None         # from configure to cleanup
+        self._command = None            # 'load' / 'unload' for the worker, and its outcome
+        self._command_done = threading.Event()
+        self._command_ok = False
+        self._load_error = ''
+        self.finished = threading.Event()
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        self._loading_timer = self.create_timer(self.params['diagnostics_period_s'],
-                                                self._on_loading_timer)
+        self.create_timer(self.params['diagnostics_period_s'], self._on_idle_timer)
         self._next_request_id = 1
         self._last_frame_at = None      # monotonic time of the last image that arrived
         self._publishers_since = None   # since when a camera publisher has been matched
@@ -518,6 +529,10 @@ class OrinLLMNode(Node):
             self._refuse(request_id, text[:200], f'prompt of {len(text)} characters rejected '
                          f'(limit {MAX_PROMPT_CHARS})')
             return
+        state = self.info.snapshot().state
+        if state != 'ready':
+            self._refuse(request_id, text, f'node is {state}: activate it to take prompts')
+            return
         now = self.get_clock().now().nanoseconds
         image = self._newest_image
         max_age = self.params['image_max_age_s']
@@ -571,17 +586,17 @@ class OrinLLMNode(Node):
                             else 'no generation in progress')
         return response
 
-    def _on_loading_timer(self):
-        # Until the engine exists the worker cannot publish diagnostics: say we are loading.
-        if self.info.snapshot().state != 'loading':
-            self._loading_timer.cancel()
+    def _on_idle_timer(self):
+        # Without an engine the worker cannot publish diagnostics: say what state we are in.
+        if self._engine is not None:
             return
         now = time.monotonic()
-        elapsed = now - self._load_started
-        self.info.update(detail=f'loading model ({elapsed:.0f} s)')
-        if now - self._last_load_log >= 10.0:
-            self._last_load_log = now
-            self.get_logger().info(f'still loading the model ({elapsed:.0f} s)...')
+        if self.info.snapshot().state == 'loading':
+            elapsed = now - self._load_started
+            self.info.update(detail=f'loading model ({elapsed:.0f} s)')
+            if now - self._last_load_log >= 10.0:
+                self._last_load_log = now
+                self.get_logger().info(f'still loading the model ({elapsed:.0f} s)...')
         with self._diag_lock:
             statuses = self.monitor.update(now, None, self.info)
         if statuses:
@@ -590,9 +605,12 @@ class OrinLLMNode(Node):
     # ---- worker thread (owns the engine) --------------------------------------------------
 
     def start(self):
-        """Start the worker thread (loads the model, then answers prompts)."""
+        """Start the worker thread; the plain node also configures and activates itself."""
         self._py_logger.addHandler(self._log_handler)
         self._worker.start()
+        if not self.managed:
+            threading.Thread(target=self.autostart, name='orin_llm_autostart',
+                             daemon=True).start()
 
     def stop(self, timeout_s=10.0):
         """Stop the worker (cancelling a generation in progress); True if it has stopped."""
@@ -624,7 +642,9 @@ class OrinLLMNode(Node):
             return
         with self._cond:
             self.info.update(queue_depth=len(self._queue))
-        stats = self._engine.stats() if self._engine is not None else None
+        # Only the worker touches the engine; elsewhere the pool status waits for its turn.
+        engine = self._engine if threading.current_thread() is self._worker else None
+        stats = engine.stats() if engine is not None else None
         with self._diag_lock:
             statuses = self.monitor.update(now, stats, self.info, force=force)
         if statuses:
@@ -640,36 +660,30 @@ class OrinLLMNode(Node):
         rclpy.try_shutdown(context=self.context)
 
     def _run_worker(self):
-        try:
-            self._engine = self._load_engine()
-        except Exception as exc:  # noqa: BLE001 - any load failure is one fatal line
-            msg = ' '.join(str(exc).split()) or type(exc).__name__
-            if not self._stop.is_set():
-                self._fail(f'failed to load the model: {msg}')
-            return
-        if self._stop.is_set() or not self.context.ok():
-            return                      # shut down while loading: nobody is listening
-        self.info.update(state='ready', detail='')
-        self._safe_publish(self.pub_ready, Bool(data=True))
-        self.get_logger().info('ready: publish a prompt on '
-                               f"{self.resolve_topic_name('prompt')}")
-        self._diagnostics(force=True)
         while not self._stop.is_set():
-            request = None
+            request = command = None
             with self._cond:
-                if not (self._queue or self._reset_requested or self._stop.is_set()):
-                    wait = self.monitor.seconds_until_due(time.monotonic())
+                if not (self._queue or self._reset_requested or self._command
+                        or self._stop.is_set()):
+                    wait = (self.monitor.seconds_until_due(time.monotonic())
+                            if self._engine is not None else 0.5)
                     self._cond.wait(timeout=max(wait, 0.01))
+                command, self._command = self._command, None
                 reset, self._reset_requested = self._reset_requested, False
-                if self._queue and not reset and not self._stop.is_set():
+                if (self._queue and self._engine is not None and not reset and not command
+                        and not self._stop.is_set()):
                     request = self._queue.popleft()
                     self.info.update(queue_depth=len(self._queue))
                     self._busy = True
                     self._cancel_pending = False
             if self._stop.is_set():
                 break
+            if command is not None:
+                self._command_ok = self._run_command(command)
+                self._command_done.set()
+                continue
             try:
-                if reset:
+                if reset and self._engine is not None:
                     self._drop_conversation('reset service')
                 if request is not None:
                     self._answer(request)
@@ -684,7 +698,114 @@ class OrinLLMNode(Node):
             finally:
                 with self._cond:
                     self._busy = False
-            self._diagnostics()
+            if self._engine is not None:
+                self._diagnostics()
+
+    def _run_command(self, command):
+        """Load or free the engine (worker thread: it owns torch and CUDA)."""
+        if command == 'unload':
+            self._drop_conversation()
+            self._engine = None
+            _release_memory()
+            return True
+        try:
+            self._engine = self._load_engine()
+            return True
+        except Exception as exc:  # noqa: BLE001 - any load failure is one fatal line
+            self._load_error = ' '.join(str(exc).split()) or type(exc).__name__
+            return False
+
+    def _worker_call(self, command):
+        """Have the worker run ``command`` and wait for it; False if it failed or we stop."""
+        self._command_done.clear()
+        with self._cond:
+            self._command = command
+            self._cond.notify_all()
+        while not self._command_done.wait(0.1):
+            if self._stop.is_set():
+                return False
+        return self._command_ok and not self._stop.is_set()
+
+    # ---- lifecycle transitions (executor thread, or autostart's thread) -------------------
+
+    def autostart(self):
+        """The plain node: configure, then activate (run on a thread of its own)."""
+        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+            self.trigger_activate()
+
+    def on_configure(self, state):
+        """Load the weights, warm up and capture graphs; open the prompt subscription."""
+        self._load_started = self._last_load_log = time.monotonic()
+        self.info.update(state='loading', detail='loading model')
+        self._diagnostics(force=True)
+        if not self._worker_call('load'):
+            if self._stop.is_set():
+                return TransitionCallbackReturn.FAILURE
+            text = f'failed to load the model: {self._load_error}'
+            if not self.managed:
+                self._fail(text)            # the plain node exits with code 1
+                return TransitionCallbackReturn.FAILURE
+            self.get_logger().error(text)
+            self.info.update(state='unconfigured', detail=text)
+            self._publish_error(text)
+            self._diagnostics(force=True)
+            return TransitionCallbackReturn.FAILURE
+        # Deep enough that DDS never drops a prompt while the executor is busy: every prompt
+        # reaches _on_prompt, where an overflow of the queue is reported.
+        self._prompt_sub = self.create_subscription(String, 'prompt', self._on_prompt,
+                                                    _qos(PROMPT_DEPTH))
+        self.info.update(state='inactive', detail='')
+        self._diagnostics(force=True)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state):
+        """Open the image subscriptions and the services; ``ready`` turns true."""
+        self._image_subs = self._subscribe_images()
+        self._open_services = [self.create_service(Trigger, 'reset', self._on_reset),
+                          self.create_service(Trigger, 'cancel', self._on_cancel)]
+        self.info.update(state='ready', detail='')
+        self._safe_publish(self.pub_ready, Bool(data=True))
+        self.get_logger().info('ready: publish a prompt on '
+                               f"{self.resolve_topic_name('prompt')}")
+        self._diagnostics(force=True)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state):
+        """Stop taking prompts: cancel the answer in flight, refuse the queued ones."""
+        self.info.update(state='inactive')
+        self._safe_publish(self.pub_ready, Bool(data=False))
+        for sub in self._image_subs:
+            self.destroy_subscription(sub)
+        for srv in self._open_services:
+            self.destroy_service(srv)
+        self._image_subs, self._open_services = [], []
+        with self._cond:
+            queued, self._queue = list(self._queue), deque()
+            self._newest_image = None
+        self._cancel_generation()
+        for request in queued:
+            self._refuse(request.request_id, request.text, 'node deactivated')
+        self._publish_error('deactivated: prompts are refused until the node is activated')
+        self._diagnostics(force=True)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state):
+        """Free the engine (weights, KV pool, graphs)."""
+        if self._prompt_sub is not None:
+            self.destroy_subscription(self._prompt_sub)
+            self._prompt_sub = None
+        self._worker_call('unload')
+        self.info.update(state='unconfigured', detail='')
+        self._diagnostics(force=True)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state):
+        """From any state: stop answering (main() stops the worker and frees everything)."""
+        self.info.update(state='finalized')
+        self._safe_publish(self.pub_ready, Bool(data=False))
+        self._cancel_generation()
+        self.finished.set()             # main() ends the process (exit code 0)
+        return TransitionCallbackReturn.SUCCESS
 
     def _report_failure(self, request, text):
         if request is None:
@@ -750,7 +871,7 @@ class OrinLLMNode(Node):
         engine.reset(conv)
 
     def _drop_conversation(self, why=None):
-        if self._conv is not None:
+        if self._conv is not None and self._engine is not None:
             self._engine.reset(self._conv)
             if why:
                 self.get_logger().info(f'conversation reset ({why})')
@@ -865,17 +986,20 @@ def main(args=None):
         signal.signal(sig, lambda *_: stop.set())
     # Before the DDS participant exists (rclpy.init): large camera frames must reach us.
     profile = dds_profile.apply()
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    argv = sys.argv if args is None else ['orin_llm_node', *args]
+    # --managed: a lifecycle node that waits for `ros2 lifecycle set ... configure`.
+    managed = '--managed' in remove_ros_args(argv)[1:]
+    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     node = None
     code = 0
     try:
-        node = OrinLLMNode()
+        node = OrinLLMNode(managed=managed)
         node.dds_profile = profile
         if profile:
             node.get_logger().info(f'Fast DDS profile {profile} applied (camera frames over '
                                    'UDP; set FASTDDS_DEFAULT_PROFILES_FILE to use your own)')
         node.start()
-        while not stop.is_set() and rclpy.ok():
+        while not stop.is_set() and not node.finished.is_set() and rclpy.ok():
             rclpy.spin_once(node, timeout_sec=0.1)
     except ParameterError as exc:
         rclpy.logging.get_logger(NODE_NAME).fatal(str(exc))
@@ -901,6 +1025,20 @@ def main(args=None):
         rclpy.try_shutdown()
         watchdog.cancel()
     return code
+
+
+def _release_memory():
+    """Give freed weights back to the system (CUDA caching allocator, glibc arenas)."""
+    import gc
+    gc.collect()
+    torch = sys.modules.get('torch')
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        import ctypes
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass                            # not glibc: the allocator keeps what it keeps
 
 
 def _hard_exit(code):

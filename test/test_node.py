@@ -224,10 +224,10 @@ def reference(tiny_ckpt):
     return eng
 
 
-def start_node(ckpt, ns, log_dir, *params):
+def start_node(ckpt, ns, log_dir, *params, managed=False):
     """The node process (console script or ``python -m``) with the repo YAML + overrides."""
     log_path = log_dir / 'node.log'
-    cmd = node_command() + [
+    cmd = node_command() + (['--managed'] if managed else []) + [
         '--ros-args', '-r', f'__ns:={ns}', '--params-file', str(REPO / 'config/orin_llm.yaml'),
         '-p', f'model_path:={ckpt}', '-p', f'system_prompt:={SYSTEM}',
         '-p', 'diagnostics_period_s:=0.5', '-p', 'image_max_age_s:=30.0']
