@@ -18,7 +18,6 @@ rclpy = pytest.importorskip('rclpy')
 
 from lifecycle_msgs.msg import State, Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
 from test_node import Probe, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
@@ -72,7 +71,7 @@ def test_every_transition(wide_ckpt, tmp_path, capsys):
         time.sleep(1.0)
         memory = {'before configure': rss_mb(proc)}
 
-        for cycle in range(2):          # cleanup -> configure again must work
+        for _ in range(2):              # cleanup -> configure again must work
             transition(Transition.TRANSITION_CONFIGURE)
             assert state() == State.PRIMARY_STATE_INACTIVE and probe.ready is False
             memory.setdefault('after configure', rss_mb(proc))
