@@ -21,7 +21,7 @@ setup(
     name=PACKAGE,
     version='0.1.0',
     packages=find_packages(exclude=['test', 'test.*']),
-    package_data={PACKAGE: ['demo_model/*', 'dds_profiles/*.xml']},
+    package_data={PACKAGE: ['demo_model/*', 'ros/dds_profiles/*.xml']},
     data_files=[
         ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
         (f'share/{PACKAGE}', ['package.xml']),
@@ -47,8 +47,8 @@ setup(
     tests_require=['pytest'],
     entry_points={
         'console_scripts': [
-            f'orin_llm_node = {PACKAGE}.node:main',
-            f'orin_llm_chat = {PACKAGE}.chat_client:main',
+            f'orin_llm_node = {PACKAGE}.ros.main:main',
+            f'orin_llm_chat = {PACKAGE}.ros.chat_client:main',
         ],
     },
 )

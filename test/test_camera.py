@@ -12,7 +12,6 @@ when the node's image topic is remapped away.  Budget: ~1-2 min on 2 busy cores.
 """
 
 import os
-from pathlib import Path
 import subprocess
 import sys
 import time
@@ -27,9 +26,9 @@ from sensor_msgs.msg import Image  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 from test_node import connect, node_command, ros_env, stop  # noqa: E402
 
-from orin_llm_node.chat_client import _image_verdict, image_message  # noqa: E402
-from orin_llm_node.dds_profile import PROFILE_VARIABLES  # noqa: E402
-from orin_llm_node.node import BLIND_AFTER_S  # noqa: E402
+from orin_llm_node.ros.chat_client import _image_verdict, image_message  # noqa: E402
+from orin_llm_node.ros.dds_profile import PROFILE_VARIABLES  # noqa: E402
+from orin_llm_node.ros.intake import BLIND_AFTER_S  # noqa: E402
 from orin_llm_node.testing.shapes import simple_scene  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -137,8 +136,7 @@ def test_camera_frames_at_publisher_defaults_are_seen(probe, width, height, qos_
 
 
 def chat(ns, *args, timeout=180):
-    exe = Path(sys.executable).with_name('orin_llm_chat')
-    cmd = [str(exe)] if exe.is_file() else [sys.executable, '-m', 'orin_llm_node.chat_client']
+    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client']
     return subprocess.run(cmd + ['-n', ns, '--timeout', '120', *args], env=defaults_env(),
                           capture_output=True, text=True, timeout=timeout)
 

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip('diagnostic_msgs.msg')
 
-from orin_llm_node import diagnostics as diag  # noqa: E402
-from orin_llm_node.diagnostics import ERROR, OK, WARN, DiagnosticsMonitor, GenerationInfo  # noqa: E402
 from orin_llm_node.engine.block_pool import BlockPool  # noqa: E402
+from orin_llm_node.ros import diagnostics as diag  # noqa: E402
+from orin_llm_node.ros.diagnostics import ERROR, OK, WARN, DiagnosticsMonitor, GenerationInfo  # noqa: E402
 
 
 def _stats(**changes):

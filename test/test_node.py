@@ -73,8 +73,7 @@ def ros_env():
 
 
 def node_command():
-    exe = Path(sys.executable).with_name('orin_llm_node')   # the console script, if installed
-    return [str(exe)] if exe.is_file() else [sys.executable, '-m', 'orin_llm_node.node']
+    return [sys.executable, '-m', 'orin_llm_node.ros.main']
 
 
 class Probe:
@@ -566,8 +565,7 @@ def test_two_clients_each_get_their_own_answer(single, reference):
         expected.append(reference.chat(conv, text, sampling=greedy).text)
         reference.reset(conv)
     assert expected[0] != expected[1]
-    exe = Path(sys.executable).with_name('orin_llm_chat')
-    cmd = [str(exe)] if exe.is_file() else [sys.executable, '-m', 'orin_llm_node.chat_client']
+    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client']
     clients = [subprocess.Popen(cmd + ['-n', SINGLE_NS, '--timeout', '120', text],
                                 env=ros_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for text in texts]
@@ -605,21 +603,13 @@ def test_load_failure_exits_non_zero_with_one_fatal_line(tmp_path):
     assert 'Traceback' not in proc.stdout + proc.stderr
 
 
-def test_empty_model_path_falls_back_to_a_cached_random_checkpoint(tmp_path, monkeypatch):
-    from orin_llm_node import node as node_mod
-    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
-    monkeypatch.setattr(node_mod, 'DEMO_MODEL_DIR', tmp_path / 'no_demo_model')
-    said = []
-    path, random = node_mod.resolve_model_path('', said.append)
-    assert random and (path / 'config.json').is_file() and path.is_relative_to(tmp_path)
-    assert len(said) == 1 and 'RANDOM' in said[0]
-    assert node_mod.resolve_model_path('', said.append) == (path, True)
-    assert len(said) == 1, 'generated once, then reused'
-    demo = tmp_path / 'demo_model'
-    demo.mkdir()
-    (demo / 'config.json').write_text('{}')
-    monkeypatch.setattr(node_mod, 'DEMO_MODEL_DIR', demo)
-    assert node_mod.resolve_model_path('', said.append) == (demo, False)
+def test_empty_model_path_is_the_demo_checkpoint_or_a_clear_error(tmp_path, monkeypatch):
+    from orin_llm_node.ros import model_loading
+    assert model_loading.resolve_model_path('') == model_loading.DEMO_MODEL_DIR
+    assert model_loading.resolve_model_path(str(tmp_path)) == tmp_path
+    monkeypatch.setattr(model_loading, 'DEMO_MODEL_DIR', tmp_path / 'no_demo_model')
+    with pytest.raises(ValueError, match='set model_path'):
+        model_loading.resolve_model_path('')
 
 
 def test_bad_parameter_exits_with_one_line(tmp_path):

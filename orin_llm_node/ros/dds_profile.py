@@ -32,7 +32,7 @@ def loopback_only(environ):
 def profile_path(environ):
     """The installed profile file that matches the discovery settings in ``environ``."""
     name = 'loopback.xml' if loopback_only(environ) else 'network.xml'
-    return str(resources.files('orin_llm_node') / 'dds_profiles' / name)
+    return str(resources.files('orin_llm_node.ros') / 'dds_profiles' / name)
 
 
 def apply(environ=os.environ):

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Engine statistics -> diagnostic_msgs/DiagnosticStatus, and when to publish them.
 
-Two statuses (DESIGN §5): ``<node>: kv_block_pool`` (block counts and exhaustion-ladder
+Two statuses (docs/architecture.md): ``<node>: kv_block_pool`` (block counts and exhaustion-ladder
 counters) and ``<node>: generation`` (latency, queue, last request).  Levels are judged on what
 happened *in the last period*: a counter that grew less than ``period_s`` ago (as first seen by
 :meth:`DiagnosticsMonitor.update`) raises the level, so one exhaustion shows as ERROR in at least

@@ -1,0 +1,79 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""From the node's parameters to a warmed-up engine, and back to free memory (worker thread)."""
+
+from pathlib import Path
+import sys
+import time
+
+DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / 'demo_model'
+
+
+def resolve_model_path(model_path):
+    """The checkpoint directory: ``model_path``, or the embedded demo checkpoint when empty."""
+    if model_path:
+        return Path(model_path).expanduser()
+    if (DEMO_MODEL_DIR / 'config.json').is_file():
+        return DEMO_MODEL_DIR
+    raise ValueError(f'model_path is empty and the demo checkpoint is not installed '
+                     f'({DEMO_MODEL_DIR}): set model_path to a Qwen3-VL checkpoint directory')
+
+
+def engine_config(params, model_path):
+    """The EngineConfig the parameters ask for (0 means "the engine's default")."""
+    from orin_llm_node.engine import EngineConfig
+    return EngineConfig(
+        model_path=str(model_path), device=params['device'], dtype=params['dtype'],
+        block_size=params['kv_block_size'],
+        kv_cache_memory_mb=params['kv_cache_memory_mb'] or None,
+        max_model_len=params['max_model_len'], enable_prefix_cache=params['enable_prefix_cache'],
+        enable_cuda_graph=params['enable_cuda_graph'],
+        image_max_pixels=params['image_max_pixels'] or None,
+        image_min_pixels=params['image_min_pixels'] or None)
+
+
+def load_engine(params, log):
+    """Load the checkpoint and warm it up; ``log`` is the node's logger."""
+    path = resolve_model_path(params['model_path'])
+    log.info(f"loading {path} (device={params['device']}, dtype={params['dtype']})...")
+    from orin_llm_node.engine import LLMEngine
+    t0 = time.monotonic()
+    engine = LLMEngine(engine_config(params, path))
+    stats = engine.stats()
+    mb = stats.total_blocks * stats.bytes_per_block / 2 ** 20
+    log.info(f'loaded in {time.monotonic() - t0:.1f} s on {engine.device} '
+             f'({engine.weight_format}); KV pool: {stats.total_blocks} blocks x '
+             f'{stats.block_size} tokens ({mb:.1f} MB)')
+    t0 = time.monotonic()
+    warm_up(engine)
+    log.info(f'warm-up done in {time.monotonic() - t0:.1f} s')
+    return engine
+
+
+def warm_up(engine):
+    """Run every code path once (vision tower, prefill, decode, graph capture where enabled).
+
+    No system prompt and a throw-away image, so it leaves nothing in the prefix cache that a
+    real prompt could hit.
+    """
+    import numpy as np
+
+    from orin_llm_node.engine import SamplingParams
+    conv = engine.new_conversation(system_prompt=None)
+    grey = np.full((64, 64, 3), 127, np.uint8)
+    engine.chat(conv, 'Hi', images=[grey], sampling=SamplingParams(max_tokens=2))
+    engine.reset(conv)
+
+
+def release_memory():
+    """Give freed weights back to the system (CUDA caching allocator, glibc arenas)."""
+    import gc
+    gc.collect()
+    torch = sys.modules.get('torch')
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        import ctypes
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass                            # not glibc: the allocator keeps what it keeps
