@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""diagnostics: keys and levels of DESIGN §5, and the publish-when state machine."""
+"""diagnostics: keys and levels (docs/architecture.md), and the publish-when state machine."""
 
 import dataclasses
 
