@@ -63,8 +63,9 @@ def _launch_node(context):
                                                         on_exit=_node_exited))]
     if _flag(context, 'autostart'):
         actions += [
+            # Only after configure: a later deactivate (active -> inactive) must stick.
             RegisterEventHandler(OnStateTransition(
-                target_lifecycle_node=node, goal_state='inactive',
+                target_lifecycle_node=node, start_state='configuring', goal_state='inactive',
                 entities=[EmitEvent(event=ChangeState(
                     lifecycle_node_matcher=matches_action(node),
                     transition_id=Transition.TRANSITION_ACTIVATE))])),
