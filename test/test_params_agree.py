@@ -152,3 +152,11 @@ def test_runtime_parameters_are_validated_when_set(make_node):
     ro = node.set_parameters([Parameter('queue_size', value=9)])[0]
     assert not ro.successful
     assert node.get_parameter('queue_size').value == 4
+
+
+@pytest.mark.ros
+def test_engine_values_are_checked_by_the_engine_alone(make_node):
+    # The engine's own names are accepted because the engine is the one that checks them.
+    assert make_node(dtype='bf16').params['dtype'] == 'bf16'
+    with pytest.raises(parameters.ParameterError, match="'kv_block_size' = -3: block_size"):
+        make_node(kv_block_size=-3)

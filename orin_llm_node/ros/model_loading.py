@@ -6,6 +6,8 @@ from pathlib import Path
 import sys
 import time
 
+from orin_llm_node.ros.parameters import engine_config
+
 DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / 'demo_model'
 
 
@@ -17,19 +19,6 @@ def resolve_model_path(model_path):
         return DEMO_MODEL_DIR
     raise ValueError(f'model_path is empty and the demo checkpoint is not installed '
                      f'({DEMO_MODEL_DIR}): set model_path to a Qwen3-VL checkpoint directory')
-
-
-def engine_config(params, model_path):
-    """The EngineConfig the parameters ask for (0 means "the engine's default")."""
-    from orin_llm_node.engine import EngineConfig
-    return EngineConfig(
-        model_path=str(model_path), device=params['device'], dtype=params['dtype'],
-        block_size=params['kv_block_size'],
-        kv_cache_memory_mb=params['kv_cache_memory_mb'] or None,
-        max_model_len=params['max_model_len'], enable_prefix_cache=params['enable_prefix_cache'],
-        enable_cuda_graph=params['enable_cuda_graph'],
-        image_max_pixels=params['image_max_pixels'] or None,
-        image_min_pixels=params['image_min_pixels'] or None)
 
 
 def load_engine(params, log):

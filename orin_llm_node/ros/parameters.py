@@ -11,7 +11,6 @@ once, when the node starts or a run-time parameter is set.
 from dataclasses import dataclass
 import math
 from pathlib import Path
-import re
 
 MAX_PROMPT_CHARS = 100_000
 
@@ -26,11 +25,9 @@ def _model_path_ok(v):
     return 'must be empty (demo checkpoint) or a checkpoint directory containing config.json'
 
 
-def _choice(*options, pattern=None):
+def _choice(*options):
     def check(v):
-        if v in options or (pattern is not None and re.fullmatch(pattern, v)):
-            return None
-        return f"must be one of {', '.join(options)}" + (' or cuda:N' if pattern else '')
+        return None if v in options else f"must be one of {', '.join(options)}"
     return check
 
 
@@ -56,7 +53,12 @@ def _float_in(low, high=math.inf, low_open=False, allow_inf=False):
 
 @dataclass(frozen=True)
 class Param:
-    """One node parameter: default (which fixes its type), meaning, check, run-time settable."""
+    """One node parameter: default (which fixes its type), meaning, check, run-time settable.
+
+    ``check`` is for what only the node knows (its own encodings, its own settings); what the
+    engine takes is checked by the engine's EngineConfig / SamplingParams, once, in
+    :func:`check_parameters` (the table has no second copy of those rules).
+    """
 
     name: str
     default: object
@@ -69,37 +71,32 @@ class Param:
 PARAMETERS = (
     Param('model_path', '', 'Qwen3-VL checkpoint directory (Hugging Face format); '
           'empty = the embedded demo checkpoint', _model_path_ok),
-    Param('device', 'auto', 'torch device', _choice('auto', 'cpu', 'cuda', pattern=r'cuda:\d+'),
-          constraints='auto | cpu | cuda | cuda:N'),
+    Param('device', 'auto', 'torch device', constraints='auto | cpu | cuda | cuda:N'),
     Param('dtype', 'auto', 'weights and KV dtype',
-          _choice('auto', 'float32', 'bfloat16', 'float16'),
           constraints='auto | float32 | bfloat16 | float16'),
-    Param('max_new_tokens', 256, 'most tokens generated per answer', _int_at_least(1),
-          runtime=True, constraints='>= 1'),
-    Param('temperature', 0.0, 'sampling temperature (0 = greedy)', _float_in(0.0),
-          runtime=True, constraints='>= 0.0'),
-    Param('top_p', 1.0, 'nucleus sampling threshold (1 = off)', _float_in(0.0, 1.0, True),
-          runtime=True, constraints='(0, 1]'),
-    Param('top_k', 0, 'keep the k most likely tokens (0 = off)', _int_at_least(0),
-          runtime=True, constraints='>= 0'),
+    Param('max_new_tokens', 256, 'most tokens generated per answer', runtime=True,
+          constraints='>= 1'),
+    Param('temperature', 0.0, 'sampling temperature (0 = greedy)', runtime=True,
+          constraints='>= 0.0'),
+    Param('top_p', 1.0, 'nucleus sampling threshold (1 = off)', runtime=True,
+          constraints='(0, 1]'),
+    Param('top_k', 0, 'keep the k most likely tokens (0 = off)', runtime=True,
+          constraints='>= 0'),
     Param('seed', -1, 'sampling seed (-1 = random)', _int_at_least(-1), runtime=True,
           constraints='>= -1'),
     Param('system_prompt', 'You are the vision-language assistant of a robot. Answer briefly.',
           'system prompt of every conversation (a change starts a new conversation)',
           lambda v: None if len(v) <= MAX_PROMPT_CHARS else 'is too long', runtime=True),
-    Param('kv_block_size', 16, 'tokens per KV block', _int_at_least(1, 1024),
-          constraints='1..1024'),
-    Param('kv_cache_memory_mb', 0.0, 'KV pool size in MB (0 = automatic)', _float_in(0.0),
+    Param('kv_block_size', 16, 'tokens per KV block', constraints='>= 1'),
+    Param('kv_cache_memory_mb', 0.0, 'KV pool size in MB (0 = automatic)',
           constraints='>= 0.0'),
-    Param('max_model_len', 8192, 'longest conversation in tokens', _int_at_least(16),
-          constraints='>= 16'),
+    Param('max_model_len', 8192, 'longest conversation in tokens', constraints='>= 1'),
     Param('enable_cuda_graph', True, 'capture decode steps as CUDA Graphs (CUDA only)'),
     Param('enable_prefix_cache', True, 'reuse KV blocks of shared prefixes'),
     Param('image_max_pixels', 307200, 'resize images to at most this many pixels; never '
-          "above the checkpoint's own maximum (0 = checkpoint default)", _int_at_least(0),
-          constraints='>= 0'),
+          "above the checkpoint's own maximum (0 = checkpoint default)", constraints='>= 0'),
     Param('image_min_pixels', 0, 'resize images to at least this many pixels '
-          '(0 = checkpoint default)', _int_at_least(0), constraints='>= 0'),
+          '(0 = checkpoint default)', constraints='>= 0'),
     Param('image_qos', 'auto', 'image subscriptions: auto = a best-effort one (matches every '
           'publisher) and a reliable one (reliable publishers get every frame through); '
           'best_effort or reliable = that one only', _choice('auto', 'best_effort', 'reliable'),
@@ -114,7 +111,7 @@ PARAMETERS = (
           _float_in(0.0, 1.0, low_open=True), constraints='(0, 1]'),
     Param('conversation_mode', 'chat', 'chat: multi-turn history; single: every prompt alone',
           _choice('chat', 'single'), constraints='chat | single'),
-    Param('max_generation_s', 0.0, 'deadline per answer in seconds (0 = none)', _float_in(0.0),
+    Param('max_generation_s', 0.0, 'deadline per answer in seconds (0 = none)',
           constraints='>= 0.0'),
 )
 PARAMS_BY_NAME = {p.name: p for p in PARAMETERS}
@@ -135,15 +132,51 @@ def check_parameter(name, value):
 
 
 def check_parameters(values):
-    """Check a name -> value mapping, cross-parameter rules included; raise ParameterError."""
+    """Check a complete name -> value mapping once; raise ParameterError naming the parameter.
+
+    The node's own rules come from the table; the values the engine takes are checked by the
+    engine itself (EngineConfig and SamplingParams, built exactly as the worker builds them).
+    """
     for name in PARAMS_BY_NAME:
         reason = check_parameter(name, values[name])
         if reason:
             raise ParameterError(reason)
-    lo, hi = values['image_min_pixels'], values['image_max_pixels']
-    if lo and hi and lo > hi:
-        raise ParameterError(
-            f"parameter 'image_min_pixels' = {lo} must not exceed image_max_pixels = {hi}")
+    try:
+        engine_config(values, values['model_path'] or 'demo_model')
+        sampling_params(values)
+    except ValueError as exc:
+        field = str(exc).split()[0]
+        name = _ENGINE_FIELDS.get(field, field)
+        given = f' = {values[name]!r}' if name in values else ''
+        raise ParameterError(f"parameter '{name}'{given}: {exc}") from None
+
+
+# Engine field -> the parameter that sets it (where the names differ).
+_ENGINE_FIELDS = {'block_size': 'kv_block_size', 'max_tokens': 'max_new_tokens',
+                  'timeout_s': 'max_generation_s'}
+
+
+def engine_config(values, model_path):
+    """The EngineConfig the parameters ask for (0 means "the engine's default")."""
+    from orin_llm_node.engine import EngineConfig
+    return EngineConfig(
+        model_path=str(model_path), device=values['device'], dtype=values['dtype'],
+        block_size=values['kv_block_size'],
+        kv_cache_memory_mb=values['kv_cache_memory_mb'] or None,
+        max_model_len=values['max_model_len'], enable_prefix_cache=values['enable_prefix_cache'],
+        enable_cuda_graph=values['enable_cuda_graph'],
+        image_max_pixels=values['image_max_pixels'] or None,
+        image_min_pixels=values['image_min_pixels'] or None)
+
+
+def sampling_params(values):
+    """The SamplingParams of an answer (seed -1: random; max_generation_s 0: no deadline)."""
+    from orin_llm_node.engine import SamplingParams
+    seed, deadline = values['seed'], values['max_generation_s']
+    return SamplingParams(
+        max_tokens=values['max_new_tokens'], temperature=values['temperature'],
+        top_p=values['top_p'], top_k=values['top_k'], seed=None if seed == -1 else seed,
+        timeout_s=None if deadline == 0 else deadline)
 
 
 _TRUE = ('true', '1', 'yes', 'on')
@@ -198,6 +231,7 @@ def on_set(node, params):
     """The node's set-parameters callback: only run-time parameters, only valid values."""
     from rcl_interfaces.msg import SetParametersResult
 
+    values = {name: node.get_parameter(name).value for name in PARAMS_BY_NAME}
     for param in params:
         if param.name not in PARAMS_BY_NAME:
             continue
@@ -205,9 +239,11 @@ def on_set(node, params):
             return SetParametersResult(
                 successful=False, reason=f"parameter '{param.name}' is read-only at run "
                 'time: restart the node (or relaunch) to change it')
-        reason = check_parameter(param.name, param.value)
-        if reason:
-            return SetParametersResult(successful=False, reason=reason)
+        values[param.name] = param.value
+    try:
+        check_parameters(values)
+    except ParameterError as exc:
+        return SetParametersResult(successful=False, reason=str(exc))
     for param in params:
         if param.name in RUNTIME_PARAMETERS:
             node.get_logger().info(

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 
-from orin_llm_node.ros import model_loading, ros_image
+from orin_llm_node.ros import model_loading, parameters, ros_image
 
 
 def preview(text, n=60):
@@ -194,14 +194,10 @@ class Worker:
         return self._conv
 
     def _sampling(self):
-        from orin_llm_node.engine import SamplingParams
-        runtime = self.node.runtime
-        seed = runtime('seed')
-        deadline = self.node.params['max_generation_s']
-        return SamplingParams(
-            max_tokens=runtime('max_new_tokens'), temperature=runtime('temperature'),
-            top_p=runtime('top_p'), top_k=runtime('top_k'), seed=None if seed < 0 else seed,
-            timeout_s=deadline if deadline > 0 else None)
+        # Run-time parameters may have changed since the last prompt.
+        values = dict(self.node.params)
+        values.update({name: self.node.runtime(name) for name in parameters.RUNTIME_PARAMETERS})
+        return parameters.sampling_params(values)
 
     def _decode_image(self, request):
         """The request's image as RGB, or None (the reason goes to ``request.no_image``)."""
