@@ -604,10 +604,11 @@ def test_load_failure_exits_non_zero_with_one_fatal_line(tmp_path):
 
 
 def test_empty_model_path_is_the_demo_checkpoint_or_a_clear_error(tmp_path, monkeypatch):
+    from orin_llm_node import package_files
     from orin_llm_node.ros import model_loading
-    assert model_loading.resolve_model_path('') == model_loading.DEMO_MODEL_DIR
+    assert model_loading.resolve_model_path('') == package_files.DEMO_MODEL_DIR
     assert model_loading.resolve_model_path(str(tmp_path)) == tmp_path
-    monkeypatch.setattr(model_loading, 'DEMO_MODEL_DIR', tmp_path / 'no_demo_model')
+    monkeypatch.setattr(package_files, 'DEMO_MODEL_DIR', tmp_path / 'no_demo_model')
     with pytest.raises(ValueError, match='set model_path'):
         model_loading.resolve_model_path('')
 

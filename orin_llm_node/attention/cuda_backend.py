@@ -30,7 +30,7 @@ import torch
 
 from orin_llm_node import kernel_sources as ks
 
-from .base import causal_attention
+from .base import AttentionBackend, causal_attention
 
 __all__ = ["CudaPagedAttention", "cupy_available", "load_kernels"]
 
@@ -90,7 +90,7 @@ def load_kernels(dtype: str, head_dim: int, device_index: int) -> dict:
     return functions
 
 
-class CudaPagedAttention:
+class CudaPagedAttention(AttentionBackend):
     """Attention backend over the runner's KV tensor ``[layers, 2, blocks, block_size, Hkv, D]``.
 
     Same protocol as :class:`~orin_llm_node.attention.torch_backend.TorchPagedAttention`: the

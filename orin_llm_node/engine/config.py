@@ -32,6 +32,27 @@ class EngineConfig:
     KV pool size: ``num_kv_blocks`` if given, else ``kv_cache_memory_mb``, else (CUDA) the free
     device memory after loading the weights times ``gpu_memory_fraction``, else (CPU) room for
     ``cpu_kv_tokens`` tokens (default: twice ``max_model_len``).
+
+    The ROS node's parameters keep ROS names where they say more on the command line; this is
+    the whole mapping (ROS parameter -> engine field; 0 / empty / negative means "unset")::
+
+        model_path (empty: demo model)   -> EngineConfig.model_path
+        device, dtype                    -> EngineConfig.device, EngineConfig.dtype
+        kv_block_size                    -> EngineConfig.block_size
+        kv_cache_memory_mb (0: derive)   -> EngineConfig.kv_cache_memory_mb
+        max_model_len                    -> EngineConfig.max_model_len
+        enable_prefix_cache              -> EngineConfig.enable_prefix_cache
+        enable_cuda_graph                -> EngineConfig.enable_cuda_graph
+        image_max_pixels (0: checkpoint) -> EngineConfig.image_max_pixels
+        image_min_pixels (0: checkpoint) -> EngineConfig.image_min_pixels
+        max_new_tokens                   -> SamplingParams.max_tokens
+        temperature, top_p, top_k        -> SamplingParams.temperature, .top_p, .top_k
+        seed (negative: random)          -> SamplingParams.seed
+        max_generation_s (0: none)       -> SamplingParams.timeout_s
+        system_prompt (empty: none)      -> LLMEngine.new_conversation(system_prompt)
+
+    The node's other parameters (image QoS and age, queue, diagnostics, conversation mode) are
+    its own.
     """
 
     model_path: str | Path
@@ -112,7 +133,8 @@ class SamplingParams:
     """Per-request decoding settings. ``temperature == 0`` is greedy (deterministic).
 
     ``top_k == 0`` and ``top_p == 1.0`` disable those filters; ``seed`` makes sampling
-    reproducible; ``timeout_s`` ends the answer with ``finish_reason="timeout"``.
+    reproducible; ``timeout_s`` ends the answer with ``finish_reason="timeout"``. The ROS
+    parameters that set these: ``EngineConfig``'s docstring.
     """
 
     max_tokens: int = 256

@@ -5,6 +5,11 @@
 The module is built on the ``meta`` device (no memory), its parameters are allocated once in the
 target dtype/device, then filled tensor by tensor from memory-mapped safetensors files: peak
 memory is the model plus one tensor, never a second full copy. Pickle files are never read.
+
+The checkpoint keeps the Hugging Face layout (separate ``q_proj``/``k_proj``/``v_proj`` and
+``gate_proj``/``up_proj``); the decoder holds them merged (``qkv_proj``, ``gate_up_proj``), so
+each of those tensors goes to its merged module's ``weight_loader`` with a shard id
+(``models.qwen3_vl_text.PACKED_MODULES``), as in nano-vllm.
 """
 
 import json
@@ -16,8 +21,17 @@ from torch import nn
 
 from .config import ModelLoadError, Qwen3VLConfig, load_config
 from .qwen3_vl import Qwen3VLForCausalLM
+from .qwen3_vl_text import PACKED_MODULES
 
-__all__ = ["ModelLoadError", "build_model", "checkpoint_to_param_name", "load_model"]
+__all__ = [
+    "ModelLoadError",
+    "build_model",
+    "checkpoint_names",
+    "checkpoint_target",
+    "checkpoint_to_param_name",
+    "checkpoint_view",
+    "load_model",
+]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,6 +45,47 @@ def checkpoint_to_param_name(name: str) -> str:
         if name.startswith(prefix):
             return ours + name[len(prefix):]
     return name
+
+
+def checkpoint_target(name: str) -> tuple[str, object]:
+    """Our parameter holding checkpoint tensor ``name``, and its shard id (None: the whole)."""
+    name = checkpoint_to_param_name(name)
+    if name.startswith("language_model."):
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in PACKED_MODULES:
+            merged, shard_id = PACKED_MODULES[parts[-2]]
+            return ".".join((*parts[:-2], merged, parts[-1])), shard_id
+    return name, None
+
+
+def checkpoint_names(param_name: str) -> list[str]:
+    """The checkpoint-side (unmerged) names a parameter of ours is loaded from."""
+    parts = param_name.split(".")
+    if param_name.startswith("language_model.") and len(parts) >= 2:
+        sources = [hf for hf, (merged, _) in PACKED_MODULES.items() if merged == parts[-2]]
+        if sources:
+            return [".".join((*parts[:-2], hf, parts[-1])) for hf in sources]
+    return [param_name]
+
+
+def checkpoint_view(model: nn.Module, name: str) -> torch.Tensor:
+    """The part of ``model``'s parameters that holds checkpoint tensor ``name`` (a view)."""
+    target, shard_id = checkpoint_target(name)
+    param = model.get_parameter(target)
+    if shard_id is None:
+        return param
+    return model.get_submodule(target.rsplit(".", 1)[0]).shard(param, shard_id)
+
+
+def _load_tensor(model: nn.Module, param: torch.Tensor, target: str, shard_id,
+                 tensor: torch.Tensor) -> None:
+    if shard_id is None:
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(f"has shape {list(tensor.shape)}, the config implies "
+                             f"{list(param.shape)}")
+        param.copy_(tensor)  # per-tensor read from the mmap + cast
+        return
+    model.get_submodule(target.rsplit(".", 1)[0]).weight_loader(param, tensor, shard_id)
 
 
 def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
@@ -100,6 +155,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     files = _weight_files(model_dir)
     model = build_model(cfg, dtype, device)
     params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
+    expected = {hf for name in params for hf in checkpoint_names(name)}
     loaded, unexpected = set(), []
     for path, promised in files.items():
         try:
@@ -114,17 +170,15 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                     name = checkpoint_to_param_name(key)
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # some tied checkpoints store a copy; the embedding wins
-                    param = params.get(name)
-                    if param is None:
+                    target, shard_id = checkpoint_target(key)
+                    param = params.get(target)
+                    if param is None or name not in expected:
                         unexpected.append(key)
                         continue
-                    shape = tuple(f.get_slice(key).get_shape())
-                    if shape != tuple(param.shape):
-                        raise ModelLoadError(
-                            f"{path.name}: tensor {key} has shape {list(shape)}, the config "
-                            f"implies {list(param.shape)}"
-                        )
-                    param.copy_(f.get_tensor(key))  # per-tensor read from the mmap + cast
+                    try:
+                        _load_tensor(model, param, target, shard_id, f.get_tensor(key))
+                    except ValueError as e:
+                        raise ModelLoadError(f"{path.name}: tensor {key} {e}") from None
                     loaded.add(name)
         except ModelLoadError:
             raise
@@ -132,7 +186,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
             raise ModelLoadError(f"{path}: cannot read safetensors ({e})") from None
     if unexpected:
         raise ModelLoadError(f"{model_dir}: unexpected tensors: {_names(unexpected)}")
-    missing = set(params) - loaded
+    missing = expected - loaded
     if missing:
         raise ModelLoadError(f"{model_dir}: missing tensors: {_names(missing)}")
     return model

@@ -13,11 +13,12 @@ Ctrl-C (SIGINT) and exits 0 when all of that worked.
 
 import argparse
 import os
-from pathlib import Path
 import signal
 import subprocess
 import sys
 import time
+
+from orin_llm_node.package_files import share_dir
 
 PROMPT = 'What colour is the shape?'
 NAMESPACE = '/orin_llm_demo'
@@ -46,14 +47,11 @@ def isolated_ros_env(env=None):
 
 
 def node_command(max_new_tokens):
-    """The node executable (the console script if installed) with the demo's arguments."""
+    """The node, run as a module (whatever console scripts an old install left), and its args."""
     cmd = [sys.executable, '-m', 'orin_llm_node.ros.main']
-    cmd += ['--ros-args', '-r', f'__ns:={NAMESPACE}',
+    config = share_dir() / 'config' / 'orin_llm.yaml'
+    cmd += ['--ros-args', '--params-file', str(config), '-r', f'__ns:={NAMESPACE}',
             '-p', f'max_new_tokens:={max_new_tokens}']
-    config = Path(__file__).resolve().parents[1] / 'config' / 'orin_llm.yaml'
-    if config.is_file():
-        cmd[cmd.index('--ros-args') + 1:cmd.index('--ros-args') + 1] = ['--params-file',
-                                                                         str(config)]
     return cmd
 
 

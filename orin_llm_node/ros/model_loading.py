@@ -6,19 +6,19 @@ from pathlib import Path
 import sys
 import time
 
+from orin_llm_node import package_files
 from orin_llm_node.ros.parameters import engine_config
-
-DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / 'demo_model'
 
 
 def resolve_model_path(model_path):
     """The checkpoint directory: ``model_path``, or the embedded demo checkpoint when empty."""
     if model_path:
         return Path(model_path).expanduser()
-    if (DEMO_MODEL_DIR / 'config.json').is_file():
-        return DEMO_MODEL_DIR
+    demo = package_files.DEMO_MODEL_DIR
+    if (demo / 'config.json').is_file():
+        return demo
     raise ValueError(f'model_path is empty and the demo checkpoint is not installed '
-                     f'({DEMO_MODEL_DIR}): set model_path to a Qwen3-VL checkpoint directory')
+                     f'({demo}): set model_path to a Qwen3-VL checkpoint directory')
 
 
 def load_engine(params, log):

@@ -216,6 +216,7 @@ class Worker:
             return None
 
     def _answer(self, request):
+        from orin_llm_node.engine import FinishReason
         node = self.node
         node.info.add(requests=1)
         rgb = self._decode_image(request)
@@ -271,7 +272,7 @@ class Worker:
             + (f', {result.dropped_turns} old turn(s) dropped' if result.dropped_turns else '')
             + ')')
         # rclpy loggers insist on one severity per call site: two calls, not one variable.
-        if finish in ('kv_exhausted', 'context_full', 'timeout'):
+        if finish in FinishReason.LIMITS:
             node.get_logger().warning(summary)
         else:
             node.get_logger().info(summary)
