@@ -9,7 +9,8 @@ For every combination of
   rclpy default (reliable, depth 10),
 * subscriber QoS: best effort or reliable, depth 1 (the node's image subscriptions),
 * which side loads the project's profile (``config/fastdds_large_images.xml``): neither, the
-  publisher only, the subscriber only, both,
+  publisher only, the subscriber only, both -- or ``node``: the subscriber has the profile the
+  node gives itself (``orin_llm_node/ros/dds_profiles/loopback.xml``), the publisher none,
 
 a publisher process sends ``--frames`` frames at 10 Hz to a subscriber process and the number
 received is reported (JSON on stdout).  A fresh process pair per combination because Fast DDS
@@ -31,19 +32,20 @@ import time
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / 'config' / 'fastdds_large_images.xml'
+NODE_PROFILE = REPO / 'orin_llm_node' / 'ros' / 'dds_profiles' / 'loopback.xml'
 PROFILE_VARS = ('FASTDDS_DEFAULT_PROFILES_FILE', 'FASTRTPS_DEFAULT_PROFILES_FILE')
 TOPIC = '/bench/delivery'
 
 
 def ros_env(profile):
+    """The loopback-only environment, with ``profile`` (a path, or None) for Fast DDS."""
     env = {k: v for k, v in os.environ.items() if k not in PROFILE_VARS}
     env.update(ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1',
                AMENT_PREFIX_PATH=os.environ.get('AMENT_PREFIX_PATH', sys.prefix),
                PYTHONUNBUFFERED='1')
     env.setdefault('ROS_DOMAIN_ID', str(150 + os.getpid() % 50))
     if profile:
-        for var in PROFILE_VARS:
-            env[var] = str(PROFILE)
+        env['FASTDDS_DEFAULT_PROFILES_FILE'] = str(profile)
     return env
 
 
@@ -111,10 +113,13 @@ def combination(size, pub_qos, sub_qos, profile_side, frames):
     me = [sys.executable, __file__]
     sub = subprocess.Popen(me + ['--sub', sub_qos, str(frames)], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True,
-                           env=ros_env(profile_side in ('subscriber', 'both')))
+                           env=ros_env(NODE_PROFILE if profile_side == 'node' else
+                                       PROFILE if profile_side in ('subscriber', 'both')
+                                       else None))
     pub = subprocess.Popen(me + ['--pub', pub_qos, str(frames), str(width), str(height)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=ros_env(profile_side in ('publisher', 'both')))
+                           env=ros_env(PROFILE if profile_side in ('publisher', 'both')
+                                       else None))
     try:
         sub_out, sub_err = sub.communicate(timeout=60)
         pub_out, pub_err = pub.communicate(timeout=60)
@@ -137,7 +142,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--frames', type=int, default=10)
     parser.add_argument('--sizes', default='640x480,1280x720')
-    parser.add_argument('--sides', default='none,publisher,subscriber,both')
+    parser.add_argument('--sides', default='none,publisher,subscriber,both,node')
     parser.add_argument('--sub', nargs=2, help=argparse.SUPPRESS)
     parser.add_argument('--pub', nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
