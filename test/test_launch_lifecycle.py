@@ -8,94 +8,50 @@ cleanly.  Needs the launch_testing stack and the package installed where ``ros2 
 skips cleanly where launch_testing is absent.  Run with ``launch_test`` or pytest.
 """
 
-import os
 from pathlib import Path
-import tempfile
-import time
+import sys
 import unittest
 
 import pytest
 
 pytest.importorskip('launch_testing')
+# `launch_test FILE` does not put the file's directory on the path (pytest does).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from launch import LaunchDescription  # noqa: E402
-from launch.actions import IncludeLaunchDescription  # noqa: E402
-from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
-import launch_testing.actions  # noqa: E402
+from launch_support import LATCHED, RELIABLE, LaunchProbe, launch_description  # noqa: E402
 import launch_testing.asserts  # noqa: E402
 from lifecycle_msgs.msg import State, Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
-import rclpy  # noqa: E402
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from std_msgs.msg import Bool, String  # noqa: E402
-
-from orin_llm_node.testing import make_tiny_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.launch, pytest.mark.ros]
 
-REPO = Path(__file__).resolve().parents[1]
 NS = '/launch_lifecycle'
-TIMEOUT_S = 120.0
 
 
 @pytest.mark.launch_test
 def generate_test_description():
     """The package's launch file, managed and left unconfigured."""
-    os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
-    os.environ['ROS_LOCALHOST_ONLY'] = '1'
-    os.environ.setdefault('ROS_DOMAIN_ID', str(10 + os.getpid() % 90))
-    ckpt = make_tiny_checkpoint(Path(tempfile.mkdtemp(prefix='orin_llm_launch_')) / 'tiny')
-    include = IncludeLaunchDescription(
-        PythonLaunchDescriptionSource(str(REPO / 'launch' / 'orin_llm.launch.py')),
-        launch_arguments={
-            'namespace': NS.strip('/'), 'params_file': str(REPO / 'config' / 'orin_llm.yaml'),
-            'model_path': str(ckpt), 'device': 'cpu', 'max_new_tokens': '4',
-            'lifecycle': 'true', 'autostart': 'false',
-        }.items())
-    return LaunchDescription([include, launch_testing.actions.ReadyToTest()])
+    return launch_description(namespace=NS.strip('/'), max_new_tokens='4', lifecycle='true',
+                              autostart='false')
 
 
-class TestTransitions(unittest.TestCase):
+class TestTransitions(LaunchProbe):
     """Active test: every transition through the node's lifecycle services."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.context = rclpy.context.Context()
-        rclpy.init(context=cls.context)
-        cls.node = rclpy.create_node('orin_llm_lifecycle_probe', context=cls.context)
-        cls.executor = rclpy.executors.SingleThreadedExecutor(context=cls.context)
-        cls.executor.add_node(cls.node)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.executor.shutdown()
-        cls.node.destroy_node()
-        rclpy.try_shutdown(context=cls.context)
-
-    def _spin_until(self, cond, what):
-        deadline = time.monotonic() + TIMEOUT_S
-        while not cond():
-            self.assertLess(time.monotonic(), deadline, f'timed out waiting for {what}')
-            self.executor.spin_once(timeout_sec=0.1)
-
     def _call(self, client, request):
-        self.assertTrue(client.wait_for_service(timeout_sec=TIMEOUT_S), client.srv_name)
+        self.assertTrue(client.wait_for_service(timeout_sec=60.0), client.srv_name)
         future = client.call_async(request)
-        self._spin_until(future.done, client.srv_name)
+        self.spin_until(future.done, client.srv_name)
         return future.result()
 
     def test_configure_activate_answer_deactivate_cleanup_shutdown(self):
-        reliable = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
-                              reliability=ReliabilityPolicy.RELIABLE)
-        latched = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                             reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
         ready, answers = [], []
         n = self.node
-        n.create_subscription(Bool, f'{NS}/ready', lambda m: ready.append(m.data), latched)
+        n.create_subscription(Bool, f'{NS}/ready', lambda m: ready.append(m.data), LATCHED)
         n.create_subscription(String, f'{NS}/response', lambda m: answers.append(m.data),
-                              reliable)
-        pub = n.create_publisher(String, f'{NS}/prompt', reliable)
+                              RELIABLE)
+        pub = n.create_publisher(String, f'{NS}/prompt', RELIABLE)
         change = n.create_client(ChangeState, f'{NS}/orin_llm/change_state')
         get = n.create_client(GetState, f'{NS}/orin_llm/get_state')
 
@@ -106,15 +62,15 @@ class TestTransitions(unittest.TestCase):
 
         self.assertEqual(self._call(get, GetState.Request()).current_state.id,
                          State.PRIMARY_STATE_UNCONFIGURED)
-        self._spin_until(lambda: ready, 'the latched ready')
+        self.spin_until(lambda: ready, 'the latched ready')
         self.assertFalse(ready[-1])
         transition(Transition.TRANSITION_CONFIGURE)
         transition(Transition.TRANSITION_ACTIVATE)
-        self._spin_until(lambda: ready[-1] and pub.get_subscription_count() > 0, 'ready')
+        self.spin_until(lambda: ready[-1] and pub.get_subscription_count() > 0, 'ready')
         pub.publish(String(data='Hello there.'))
-        self._spin_until(lambda: answers, 'the answer')
+        self.spin_until(lambda: answers, 'the answer')
         transition(Transition.TRANSITION_DEACTIVATE)
-        self._spin_until(lambda: not ready[-1], 'ready false')
+        self.spin_until(lambda: not ready[-1], 'ready false')
         transition(Transition.TRANSITION_CLEANUP)
         self.assertEqual(self._call(get, GetState.Request()).current_state.id,
                          State.PRIMARY_STATE_UNCONFIGURED)
