@@ -156,6 +156,15 @@ def test_chat_client_image_files_are_answered_from_the_image(probe, tmp_path, su
     assert 'finish_reason=stop' in out.stderr
 
 
+def test_chat_client_fails_when_the_answer_did_without_its_image(probe, tmp_path):
+    path = tmp_path / 'sliver.png'                  # aspect ratio 300: refused on arrival
+    assert cv2.imwrite(str(path), simple_scene('circle', 'red', 1, 300).image)
+    out = chat(NS, '--image', str(path), QUESTION)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert 'WITHOUT your image' in out.stderr and 'aspect ratio 300.0' in out.stderr
+    assert out.stdout.strip(), 'the (text-only) answer is still printed'
+
+
 def test_chat_client_fails_when_the_image_topic_is_remapped_away(nodes, tmp_path):
     path = tmp_path / 'shape.png'
     assert cv2.imwrite(str(path), simple_scene('circle', 'red', 480, 640).image)

@@ -20,10 +20,9 @@ from launch import LaunchService  # noqa: E402
 from launch.actions import IncludeLaunchDescription  # noqa: E402
 from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
 
+from orin_llm_node.package_files import share_dir  # noqa: E402
+
 pytestmark = pytest.mark.ros
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 def test_missing_model_makes_the_launch_exit_non_zero(tmp_path, capfd):
     try:
@@ -36,7 +35,7 @@ def test_missing_model_makes_the_launch_exit_non_zero(tmp_path, capfd):
     os.environ['ROS_LOCALHOST_ONLY'] = '1'
     service = LaunchService()
     service.include_launch_description(IncludeLaunchDescription(
-        PythonLaunchDescriptionSource(str(REPO / 'launch' / 'orin_llm.launch.py')),
+        PythonLaunchDescriptionSource(str(share_dir() / 'launch' / 'orin_llm.launch.py')),
         launch_arguments={'namespace': 'launch_exit_test', 'device': 'cpu',
                           'model_path': str(tmp_path / 'missing')}.items()))
     assert service.run() == 1
