@@ -52,7 +52,6 @@ class LLMClient(Node):
         self.topic = lambda name: f'{ns}/{name}'
         self.ready = False
         self.deltas = []
-        self.responses = []
         self.infos = []
         self.errors = []
         self.on_delta = None
@@ -61,7 +60,6 @@ class LLMClient(Node):
         self.pub_prompt = self.create_publisher(String, self.topic('prompt'), _RELIABLE)
         self.create_subscription(Bool, self.topic('ready'), self._on_ready, _LATCHED)
         self.create_subscription(String, self.topic('response/stream'), self._on_delta, _STREAM)
-        self.create_subscription(String, self.topic('response'), self._on_response, _RELIABLE)
         self.create_subscription(String, self.topic('response/info'), self._on_info, _RELIABLE)
         self.create_subscription(String, self.topic('error'), self._on_error, _RELIABLE)
         self.cancel_client = self.create_client(Trigger, self.topic('cancel'))
@@ -73,9 +71,6 @@ class LLMClient(Node):
         self.deltas.append(msg.data)
         if self.on_delta:
             self.on_delta(msg.data)
-
-    def _on_response(self, msg):
-        self.responses.append(msg.data)
 
     def _on_info(self, msg):
         try:
@@ -152,7 +147,7 @@ class LLMClient(Node):
     def stream_rest(self, answer, timeout_s=2.0):
         """Wait for deltas still in flight after ``answer``; return the part not streamed.
 
-        ``response`` and ``response/stream`` are different topics, so the last deltas may land
+        ``response/info`` and ``response/stream`` are different topics, so the last deltas may land
         after the whole answer.
         """
         self.spin_until(lambda: ''.join(self.deltas) == answer, timeout_s)
