@@ -175,17 +175,17 @@ def test_chat_client_fails_when_the_image_topic_is_remapped_away(nodes, tmp_path
 
 
 def test_image_verdict_names_an_answer_without_its_image():
-    msg = image_message_stub(sec=5, nanosec=7)
-    ours = {'stamp': {'sec': 5, 'nanosec': 7}, 'frame_id': 'x', 'stamped': True}
+    msg = image_message_stub('orin_llm_chat_1_2')
+    ours = {'stamp': {'sec': 5, 'nanosec': 7}, 'frame_id': 'orin_llm_chat_1_2', 'stamped': False}
     assert _image_verdict({'image': ours}, msg) is None
-    other = dict(ours, stamp={'sec': 4, 'nanosec': 0})
+    other = dict(ours, frame_id='camera')
     assert 'another image' in _image_verdict({'image': other}, msg)
     assert 'too old' in _image_verdict({'image': None, 'no_image': 'too old'}, msg)
     assert _image_verdict({'image': None, 'no_image': None}, msg)
 
 
-def image_message_stub(sec, nanosec):
+def image_message_stub(frame_id):
     from sensor_msgs.msg import CompressedImage
     msg = CompressedImage()
-    msg.header.stamp.sec, msg.header.stamp.nanosec = sec, nanosec
+    msg.header.frame_id = frame_id
     return msg

@@ -187,8 +187,7 @@ def image_message(path):
 def _image_verdict(info, msg):
     """None when ``info`` says our image was paired, else why the answer did without it."""
     image = info.get('image')
-    if image is not None and image.get('stamp') == {'sec': msg.header.stamp.sec,
-                                                    'nanosec': msg.header.stamp.nanosec}:
+    if image is not None and image.get('frame_id') == msg.header.frame_id:
         return None
     if image is not None:
         return 'the node paired another image with the prompt'
@@ -240,8 +239,9 @@ def _converse(client, opts, image):
               ' (is it running? same ROS_DOMAIN_ID?)', file=sys.stderr)
         return 1
     if image is not None:
-        image.header.stamp = client.get_clock().now().to_msg()  # names this image
-        image.header.frame_id = f'orin_llm_chat_{os.getpid()}'
+        # No stamp: the node ages the image from its arrival, so neither a slow hand-off nor
+        # another machine's clock can make it stale; a unique frame_id names it in the answer.
+        image.header.frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
         topic = opts.image_topic or client.topic('image/compressed')
         if not client.send_image(image, topic):
             print(f'orin_llm_chat: the node did not take the image on {topic} (nothing '
