@@ -4,7 +4,7 @@
 
 For each model size (2B, and 8B where memory allows) it measures, in one run on one GPU:
 
-* decode tok/s at contexts 128 / 1k / 4k with CUDA graphs and eagerly (``enable_cuda_graph``
+* decode tok/s at contexts 128 / 1k / 4k / 16k with CUDA graphs and eagerly (``enable_cuda_graph``
   on/off), as the engine reports them (sampling and host work included);
 * transformers ``generate`` (sdpa, bf16, same config, random weights) at the same contexts;
 * time to first token of a 448x448 image + ~32-token prompt (cold), and of a ~32-token second
@@ -158,8 +158,9 @@ def prompt_of(engine, tokens: int, salt: int) -> str:
     words = " ".join(tiny_checkpoint.CORPUS).split()
     rng = np.random.default_rng(salt)
     text = f"request {salt}:"
-    while len(engine.tokenizer.encode(text)) < tokens:
-        text += " " + " ".join(rng.choice(words, 16))
+    while (have := len(engine.tokenizer.encode(text))) < tokens:
+        # Grow by about the deficit (a word is >= 1 token): a 16k prompt in a few encodes.
+        text += " " + " ".join(rng.choice(words, max(16, tokens - have)))
     ids = engine.tokenizer.encode(text)[:tokens]
     return engine.tokenizer.decode(ids)
 
@@ -285,12 +286,18 @@ def bench_model(size: str, args, workdir: Path) -> dict:
         e["graph_vs_eager"] = e["graph_tok_s"] / e["eager_tok_s"]
         e["vs_transformers"] = e["graph_tok_s"] / e["transformers_tok_s"]
     out["second_turn_ttft_ratio"] = out["second_turn_ttft_s"] / out["cold_ttft_s"]
-    target = {"2b": 0.50, "4b": 0.50, "8b": 0.75}.get(size, 0.5)
+    # Issue 12's targets: 2B >= 50 % of the bound, 8B >= 70 %; the longest context >= 80 % of
+    # the shortest's speed; graph >= 3x eager; >= 20x transformers.
+    target = {"2b": 0.50, "4b": 0.50, "8b": 0.70}.get(size, 0.5)
     short = out["decode"][str(min(args.contexts))]
+    longest = out["decode"][str(max(args.contexts))]
+    out["long_vs_short_context"] = longest["graph_tok_s"] / short["graph_tok_s"]
     out["targets"] = {
         "fraction_of_bound": target,
         "fraction_of_bound_met": short["fraction_of_bound"] >= target,
-        "vs_transformers_10x_met": all(e["vs_transformers"] >= 10 for e in out["decode"].values()),
+        "long_context_ge_80pct_met": out["long_vs_short_context"] >= 0.8,
+        "graph_vs_eager_3x_met": all(e["graph_vs_eager"] >= 3 for e in out["decode"].values()),
+        "vs_transformers_20x_met": all(e["vs_transformers"] >= 20 for e in out["decode"].values()),
         "second_turn_ttft_le_20pct_met": out["second_turn_ttft_ratio"] <= 0.2,
     }
     return out
@@ -324,7 +331,7 @@ def plot(result: dict, path: Path) -> None:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="2b,8b", help="comma list of 2b, 4b, 8b")
-    p.add_argument("--contexts", default="128,1024,4096")
+    p.add_argument("--contexts", default="128,1024,4096,16384")
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--hf-tokens", type=int, default=64)
     p.add_argument("--kv-cache-mb", type=float, default=4096)

@@ -1,7 +1,7 @@
 // Copyright 2026 orin_llm_node developers
 // SPDX-License-Identifier: Apache-2.0
 //
-// Shared helpers for the paged-attention kernels.
+// Shared helpers for the paged-attention and fused decode-step kernels.
 //
 // Header-free on purpose: no <cuda_fp16.h>/<cuda_bf16.h>. CuPy's NVRTC build, Jetson's
 // toolkit and the pip NVRTC wheel each ship (or lack) different versions of those headers,
@@ -15,14 +15,15 @@
 // place that lists the variants):
 //   KV_DTYPE_ID     0 = float16, 1 = bfloat16, 2 = float32 (activations and KV cache)
 //   HEAD_DIM        head dimension (32, 64, 128)
-//   PARTITION_SIZE  tokens per split-K partition of the decode kernel
+//   PARTITION_SIZE  tokens per shared-memory pass of a decode split
+//   SPLIT_MIN_TOKENS  fewest tokens worth a decode split of their own
 //   MAX_GROUP       query heads (of one KV head) handled by one decode CTA
-//   NUM_THREADS     threads per CTA of the kv_write / decode kernels
+//   NUM_THREADS     threads per CTA of the kv_write / decode / per-head kernels
 #pragma once
 
 #if !defined(KV_DTYPE_ID) || !defined(HEAD_DIM) || !defined(PARTITION_SIZE) || \
-    !defined(MAX_GROUP) || !defined(NUM_THREADS)
-#error "compile through orin_llm_node.kernel_sources: KV_DTYPE_ID, HEAD_DIM, PARTITION_SIZE, MAX_GROUP, NUM_THREADS"
+    !defined(MAX_GROUP) || !defined(NUM_THREADS) || !defined(SPLIT_MIN_TOKENS)
+#error "compile through orin_llm_node.kernel_sources: KV_DTYPE_ID, HEAD_DIM, PARTITION_SIZE, SPLIT_MIN_TOKENS, MAX_GROUP, NUM_THREADS"
 #endif
 
 #if KV_DTYPE_ID == 0 || KV_DTYPE_ID == 1
@@ -101,6 +102,49 @@ __device__ __forceinline__ void load_vec(const scalar_t* p, float (&out)[VEC]) {
   unpack(*reinterpret_cast<const uint4*>(p), out);
 }
 
+// Round VEC floats to scalar_t and store them as one 16-byte word.
+__device__ __forceinline__ void store_vec(scalar_t* p, const float (&in)[VEC]) {
+  uint4 r;
+#if KV_DTYPE_ID == 2
+  r.x = __float_as_uint(in[0]);
+  r.y = __float_as_uint(in[1]);
+  r.z = __float_as_uint(in[2]);
+  r.w = __float_as_uint(in[3]);
+#else
+  unsigned int w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = (unsigned int)from_float(in[2 * i]) | ((unsigned int)from_float(in[2 * i + 1]) << 16);
+  }
+  r.x = w[0];
+  r.y = w[1];
+  r.z = w[2];
+  r.w = w[3];
+#endif
+  *reinterpret_cast<uint4*>(p) = r;
+}
+
+// The value a torch op in the activation dtype would produce: round an fp32 result to scalar_t.
+// The fused kernels round where the reference's separate torch ops round, so their results
+// match the torch path (the parity oracle) up to fp32 summation order.
+__device__ __forceinline__ float round_to_dtype(float x) { return to_float(from_float(x)); }
+
+// Products and sums that must not be contracted into an FMA (a torch elementwise op rounds each
+// of them on its own).
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+#else
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+__device__ __forceinline__ float add_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
+#endif
+
 // Sum over the aligned group of WIDTH lanes this lane belongs to (every lane gets the sum).
 // All 32 lanes of the warp must call it (full-mask shuffles).
 template <int WIDTH>
@@ -108,6 +152,18 @@ __device__ __forceinline__ float group_sum(float v) {
 #pragma unroll
   for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// Sum over the whole CTA (blockDim.x threads, whole warps); every thread gets the same sum,
+// added in warp order (deterministic). s_warp: WARP_SIZE floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* s_warp) {
+  v = group_sum<WARP_SIZE>(v);
+  if (threadIdx.x % WARP_SIZE == 0) s_warp[threadIdx.x / WARP_SIZE] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < (int)(blockDim.x / WARP_SIZE); ++w) total += s_warp[w];
+  __syncthreads();  // s_warp may be reused right after
+  return total;
 }
 
 __device__ __forceinline__ float warp_max(float v) {

@@ -1,31 +1,44 @@
 // Copyright 2026 orin_llm_node developers
 // SPDX-License-Identifier: Apache-2.0
 //
-// Paged decode attention (one query token per row), split-K ("flash decoding").
+// Paged decode attention of one query token (batch-1 decode), split-K ("flash decoding").
 //
-// paged_decode_split: grid (num_kv_heads * chunks, rows, num_splits), block (NUM_THREADS).
+// paged_decode_split: grid (num_kv_heads * chunks, num_splits), block (NUM_THREADS).
 //   One CTA serves one KV head and up to MAX_GROUP of its query heads (GQA: K/V are read once
-//   for the whole group; chunks = ceil(group_size / MAX_GROUP)), one row, one split. The
-//   context is cut into partitions of PARTITION_SIZE tokens; split s handles partitions
-//   s, s + num_splits, ... with an online softmax across them, and writes an unnormalised
-//   partial result (acc, running max, running sum) for the reduce kernel. Splits with no
-//   partition return at once, so a grid sized for max_model_len at capture time costs almost
-//   nothing on short contexts, and any context length stays correct whatever the grid.
-//   Context length and block-table row come from device memory (graph-safe); shared memory
+//   for the whole group; chunks = ceil(group_size / MAX_GROUP)) and one split. The grid
+//   is fixed when a graph is captured (num_splits sized for max_model_len and the SM count);
+//   the work is spread from the context length read from device memory at run time: the
+//   context is cut into decode_splits(ctx) contiguous ranges of equal size (at least
+//   SPLIT_MIN_TOKENS tokens each, at most num_splits ranges), so a 128-token context keeps
+//   8x as many CTAs busy as one 256-token partition per head would, and a 32k context uses
+//   the whole grid. Splits past the used ones return at once. A range is walked in passes
+//   of PARTITION_SIZE tokens with an online softmax, and each split writes an unnormalised
+//   partial result (acc, running max, running sum) for the reduce kernel. Shared memory
 //   depends only on compile-time constants, never on the context length.
-// paged_decode_reduce: grid (num_q_heads, rows), block (HEAD_DIM). Combines the splits in
+// paged_decode_reduce: grid (num_q_heads), block (HEAD_DIM). Combines the splits in
 //   index order (deterministic: graph replay and eager decode give identical bits).
 //
-// Layouts (elements): q [rows, num_q_heads, HEAD_DIM] (row stride q_row_stride, head stride
-// HEAD_DIM); k_cache/v_cache [num_slots, num_kv_heads, HEAD_DIM] (one layer's K / V plane);
-// block_tables [rows, *] int64 (row stride bt_row_stride, 0 = all rows share one row);
-// context_lens [rows] int32 (tokens to attend, the new token included);
-// part_acc [rows, num_q_heads, num_splits, HEAD_DIM] fp32; part_ml [rows, num_q_heads,
-// num_splits, 2] fp32 (max and sum, log2 domain); out [rows, num_q_heads, HEAD_DIM].
+// Layouts (elements): q [num_q_heads, HEAD_DIM]; k_cache/v_cache [num_slots, num_kv_heads,
+// HEAD_DIM] (one layer's K / V plane); block_table [*] int64; context_len [1] int32 (tokens
+// to attend, the new token included); part_acc [num_q_heads, num_splits, HEAD_DIM] fp32;
+// part_ml [num_q_heads, num_splits, 2] fp32 (max and sum, log2 domain); out [num_q_heads,
+// HEAD_DIM].
 // Query head h uses KV head h / group_size (the repeat_interleave convention of HF GQA).
 #include "common.cuh"
 
 #define NUM_TOKEN_GROUPS (NUM_THREADS / THREADS_PER_TOKEN)
+
+// Tokens per split for a context of ctx tokens on a grid of num_splits splits (the split and
+// reduce kernels must agree). Every used split starts inside the context.
+__device__ __forceinline__ int decode_split_tokens(int ctx, int num_splits) {
+  const int wanted = min(num_splits, (ctx + SPLIT_MIN_TOKENS - 1) / SPLIT_MIN_TOKENS);
+  return wanted > 0 ? (ctx + wanted - 1) / wanted : 1;
+}
+
+__device__ __forceinline__ int decode_splits(int ctx, int num_splits) {
+  const int per = decode_split_tokens(ctx, num_splits);
+  return (ctx + per - 1) / per;
+}
 
 static_assert((NUM_TOKEN_GROUPS & (NUM_TOKEN_GROUPS - 1)) == 0, "tree reduction needs 2^k");
 static_assert(PARTITION_SIZE % NUM_TOKEN_GROUPS == 0, "partition must fill all token groups");
@@ -34,22 +47,21 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS)
 paged_decode_split(float* __restrict__ part_acc, float* __restrict__ part_ml,
                    const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
                    const scalar_t* __restrict__ v_cache,
-                   const long long* __restrict__ block_tables,
-                   const int* __restrict__ context_lens, int num_kv_heads, int group_size,
-                   int block_size, int bt_row_stride, long long q_row_stride,
-                   float scale_log2) {
+                   const long long* __restrict__ block_table,
+                   const int* __restrict__ context_len, int num_kv_heads, int group_size,
+                   int block_size, float scale_log2) {
   const int chunks = (group_size + MAX_GROUP - 1) / MAX_GROUP;
   const int kv_head = blockIdx.x / chunks;
   const int g0 = (blockIdx.x % chunks) * MAX_GROUP;
   const int ng = min(MAX_GROUP, group_size - g0);
-  const int row = blockIdx.y;
-  const int split = blockIdx.z;
-  const int num_splits = gridDim.z;
-  const int num_q_heads = num_kv_heads * group_size;
+  const int split = blockIdx.y;
+  const int num_splits = gridDim.y;
 
-  const int ctx = context_lens[row];
-  const int num_parts = (ctx + PARTITION_SIZE - 1) / PARTITION_SIZE;
-  if (split >= num_parts) return;  // empty split (uniform over the CTA)
+  const int ctx = *context_len;
+  if (split >= decode_splits(ctx, num_splits)) return;  // unused split (uniform over the CTA)
+  const int per_split = decode_split_tokens(ctx, num_splits);
+  const int begin = split * per_split;
+  const int end = min(ctx, begin + per_split);
 
   __shared__ __align__(16) float s_q[MAX_GROUP][HEAD_DIM];
   __shared__ float s_p[MAX_GROUP][PARTITION_SIZE];  // logits, then probabilities
@@ -70,7 +82,7 @@ paged_decode_split(float* __restrict__ part_acc, float* __restrict__ part_ml,
     float val = 0.f;
     if (g < ng) {
       const int qh = kv_head * group_size + g0 + g;
-      val = to_float(q[(long long)row * q_row_stride + (long long)qh * HEAD_DIM + d]) *
+      val = to_float(q[(long long)qh * HEAD_DIM + d]) *
             scale_log2;
     }
     s_q[g][d] = val;
@@ -88,13 +100,12 @@ paged_decode_split(float* __restrict__ part_acc, float* __restrict__ part_ml,
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[g][j] = 0.f;
 
-  const long long* bt = block_tables + (long long)row * bt_row_stride;
+  const long long* bt = block_table;
   const long long kv_head_off = (long long)kv_head * HEAD_DIM + dim0;
   const long long slot_stride = (long long)num_kv_heads * HEAD_DIM;
 
-  for (int part = split; part < num_parts; part += num_splits) {
-    const int start = part * PARTITION_SIZE;
-    const int n = min(PARTITION_SIZE, ctx - start);
+  for (int start = begin; start < end; start += PARTITION_SIZE) {
+    const int n = min(PARTITION_SIZE, end - start);
 
     // Phase 1: logits q.k for every token of the partition. The trip count is the same for
     // every lane (masked loads), so the full-warp shuffles below are legal.
@@ -204,7 +215,7 @@ paged_decode_split(float* __restrict__ part_acc, float* __restrict__ part_ml,
     for (int g = 0; g < MAX_GROUP; ++g) {
       if (g < ng) {
         const int qh = kv_head * group_size + g0 + g;
-        float* dst = part_acc + (((long long)row * num_q_heads + qh) * num_splits + split) *
+        float* dst = part_acc + ((long long)qh * num_splits + split) *
                                     HEAD_DIM + dim0;
 #pragma unroll
         for (int j = 0; j < VEC; j += 4) {
@@ -216,7 +227,7 @@ paged_decode_split(float* __restrict__ part_acc, float* __restrict__ part_ml,
   }
   if (tid < ng) {
     const int qh = kv_head * group_size + g0 + tid;
-    float* ml = part_ml + (((long long)row * num_q_heads + qh) * num_splits + split) * 2;
+    float* ml = part_ml + ((long long)qh * num_splits + split) * 2;
     ml[0] = s_m[tid];
     ml[1] = s_l[tid];
   }
@@ -224,19 +235,18 @@ paged_decode_split(float* __restrict__ part_acc, float* __restrict__ part_ml,
 
 extern "C" __global__ void __launch_bounds__(HEAD_DIM)
 paged_decode_reduce(scalar_t* __restrict__ out, const float* __restrict__ part_acc,
-                    const float* __restrict__ part_ml, const int* __restrict__ context_lens,
-                    int num_q_heads, int num_splits, long long out_row_stride) {
+                    const float* __restrict__ part_ml, const int* __restrict__ context_len,
+                    int num_splits) {
   const int qh = blockIdx.x;
-  const int row = blockIdx.y;
   const int d = threadIdx.x;
-  const int ctx = context_lens[row];
-  const int n = min(num_splits, (ctx + PARTITION_SIZE - 1) / PARTITION_SIZE);
-  scalar_t* o = out + (long long)row * out_row_stride + (long long)qh * HEAD_DIM + d;
+  const int ctx = *context_len;
+  const int n = decode_splits(ctx, num_splits);
+  scalar_t* o = out + (long long)qh * HEAD_DIM + d;
   if (n <= 0) {
     *o = from_float(0.f);
     return;
   }
-  const long long base = ((long long)row * num_q_heads + qh) * num_splits;
+  const long long base = (long long)qh * num_splits;
   float m = NEG_INF;
   for (int s = 0; s < n; ++s) m = fmaxf(m, part_ml[(base + s) * 2]);
   float l = 0.f, acc = 0.f;

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where the CUDA kernel sources live and exactly how each variant is compiled.
 
-This is the one truth shared by the runtime (``attention/cuda_backend.py`` hands
-``KernelVariant.source`` / ``.options`` to ``cupy.RawModule``) and by the CPU NVRTC test
+This is the one truth shared by the runtime (``cuda_ops.py`` hands ``KernelVariant.source`` /
+``.options`` to ``cupy.RawModule``) and by the CPU NVRTC test
 (``test/test_nvrtc_compile.py`` compiles the same strings to PTX). Importing it needs neither
 CUDA nor CuPy.
 
@@ -27,6 +27,7 @@ __all__ = [
     "MAX_GROUP",
     "NUM_THREADS",
     "PARTITION_SIZE",
+    "SPLIT_MIN_TOKENS",
     "KernelVariant",
     "kernel_source",
     "kernels_dir",
@@ -38,18 +39,26 @@ __all__ = [
 DTYPE_IDS = {"float16": 0, "bfloat16": 1, "float32": 2}
 #: Head dimensions the runtime compiles (128: every Qwen3-VL size; 32: the tiny test models).
 HEAD_DIMS = (32, 64, 128)
-#: Tokens per split-K partition of the decode kernel (shared memory is sized by it).
+#: Tokens per shared-memory pass of a decode split (shared memory is sized by it).
 PARTITION_SIZE = 256
+#: Fewest context tokens given a decode split of their own: a 128-token context is spread over
+#: 8 splits per KV head, so short contexts keep many SMs busy too.
+SPLIT_MIN_TOKENS = 16
 #: Query heads of one KV head served by one decode CTA (larger GQA groups use more CTAs).
 MAX_GROUP = 8
-#: Threads per CTA of kv_write and paged_decode_split.
+#: Threads per CTA of kv_write, paged_decode_split, qk_norm_rope_kv_write and silu_and_mul.
 NUM_THREADS = 128
 
 #: Kernel file -> the extern "C" functions the runtime fetches from it. Prefill attention is
 #: gather + torch SDPA (see attention/cuda_backend.py), so there is no paged_prefill.cu.
+#: rms_norm.cu and silu_mul.cu do not depend on HEAD_DIM; they are built with each variant
+#: anyway (one module per variant keeps a single compile path).
 KERNEL_FILES = {
     "kv_write.cu": ("kv_write",),
     "paged_decode.cu": ("paged_decode_split", "paged_decode_reduce"),
+    "qk_norm_rope_kv.cu": ("qk_norm_rope_kv_write",),
+    "rms_norm.cu": ("rms_norm", "add_rms_norm"),
+    "silu_mul.cu": ("silu_and_mul",),
 }
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
@@ -107,6 +116,7 @@ def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None)
         f"-DKV_DTYPE_ID={DTYPE_IDS[dtype]}",
         f"-DHEAD_DIM={head_dim}",
         f"-DPARTITION_SIZE={PARTITION_SIZE}",
+        f"-DSPLIT_MIN_TOKENS={SPLIT_MIN_TOKENS}",
         f"-DMAX_GROUP={MAX_GROUP}",
         f"-DNUM_THREADS={NUM_THREADS}",
     )

@@ -98,8 +98,7 @@ using std::min;
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
-#include "kv_write.cu"
-#include "paged_decode.cu"
+@INCLUDES@
 
 static void trampoline() {
   g_body(g_body_arg);
@@ -163,28 +162,7 @@ static int launch(int gx, int gy, int gz, int bx, F& body) {
 extern "C" int emu_launch(const char* name, int gx, int gy, int gz, int bx, void** args) {
   const std::string n(name);
   if (bx <= 0 || bx % 32 || bx > 1024 || gx <= 0 || gy <= 0 || gz <= 0) return -2;
-  if (n == "kv_write") {
-    auto body = [&] {
-      kv_write(ARG(0, scalar_t*), ARG(1, scalar_t*), ARG(2, const scalar_t*),
-               ARG(3, const scalar_t*), ARG(4, const long long*), ARG(5, int),
-               ARG(6, long long), ARG(7, long long));
-    };
-    return launch(gx, gy, gz, bx, body);
-  } else if (n == "paged_decode_split") {
-    auto body = [&] {
-      paged_decode_split(ARG(0, float*), ARG(1, float*), ARG(2, const scalar_t*),
-                         ARG(3, const scalar_t*), ARG(4, const scalar_t*),
-                         ARG(5, const long long*), ARG(6, const int*), ARG(7, int), ARG(8, int),
-                         ARG(9, int), ARG(10, int), ARG(11, long long), ARG(12, float));
-    };
-    return launch(gx, gy, gz, bx, body);
-  } else if (n == "paged_decode_reduce") {
-    auto body = [&] {
-      paged_decode_reduce(ARG(0, scalar_t*), ARG(1, const float*), ARG(2, const float*),
-                          ARG(3, const int*), ARG(4, int), ARG(5, int), ARG(6, long long));
-    };
-    return launch(gx, gy, gz, bx, body);
-  }
+@DISPATCH@
   return -1;
 }
 """
@@ -194,14 +172,18 @@ _SIGNATURE = re.compile(
 )
 
 
+def _c_params(params: str) -> list[str]:
+    """The C types of a parameter list, ``__restrict__`` and names dropped."""
+    return [" ".join(w for w in p.split()[:-1] if w != "__restrict__") for p in params.split(",")]
+
+
 def kernel_signatures() -> dict[str, list[str]]:
     """``{kernel: [param kind]}`` parsed from the sources; kinds: ptr, int32, int64, float32."""
     sigs = {}
     for file in ks.KERNEL_FILES:
         for name, params in _SIGNATURE.findall(ks.kernel_source(file)):
             kinds = []
-            for p in params.split(","):
-                ctype = " ".join(p.split()[:-1])
+            for p, ctype in zip(params.split(","), _c_params(params), strict=True):
                 if "*" in p:
                     kinds.append("ptr")
                 elif ctype == "long long":
@@ -227,17 +209,32 @@ def compiler_available() -> bool:
     return shutil.which("g++") is not None
 
 
+def harness_source() -> str:
+    """The harness with every kernel file included and one launch branch per kernel."""
+    includes, branches = [], []
+    for file in ks.KERNEL_FILES:
+        includes.append(f'#include "{file}"')
+        for name, params in _SIGNATURE.findall(ks.kernel_source(file)):
+            args = ", ".join(f"ARG({i}, {t})" for i, t in enumerate(_c_params(params)))
+            branches.append(f'  if (n == "{name}") {{\n'
+                            f'    auto body = [&] {{ {name}({args}); }};\n'
+                            f'    return launch(gx, gy, gz, bx, body);\n  }}')
+    return HARNESS.replace("@INCLUDES@", "\n".join(includes)).replace(
+        "@DISPATCH@", "\n".join(branches))
+
+
 def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
     var = ks.variant("kv_write.cu", dtype, head_dim)
     src_dir = ks.kernels_dir()
+    harness = harness_source()
     sources = "".join(p.read_text() for p in sorted(src_dir.glob("*.cu*")))
-    key = hashlib.sha256("\0".join((HARNESS, sources, *var.options)).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join((harness, sources, *var.options)).encode()).hexdigest()[:16]
     cache = Path(tempfile.gettempdir()) / f"orin_llm_kernel_emulator_{key}"
     lib = cache / "emu.so"
     if not lib.exists():
         cache.mkdir(parents=True, exist_ok=True)
         cpp = cache / "harness.cpp"
-        cpp.write_text(HARNESS)
+        cpp.write_text(harness)
         tmp = cache / f"emu.{id(cpp)}.so"
         defines = [o for o in var.options if o.startswith("-D")]
         cmd = ["g++", "-std=c++20", "-O2", "-shared", "-fPIC", "-w",

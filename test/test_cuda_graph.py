@@ -142,3 +142,57 @@ def test_bf16_teacher_forced_logits(tiny_ckpt):
     assert runner.decode_graph.captures == 1
     assert err_ours.mean() <= 2 * err_ref.mean() + 0.02, (err_ours, err_ref)
     assert err_ours.max() <= 3 * err_ref.max() + 0.02, (err_ours, err_ref)
+
+
+def test_sampled_decode_through_the_graph_equals_eager(engines):
+    """Temperature > 0: the graph hands its logits to the seeded sampler, like eager."""
+    _, graph, eager = engines
+    sampling = SamplingParams(max_tokens=60, temperature=0.8, top_k=20, seed=5,
+                              ignore_eos=True)
+    tokens = []
+    for eng in (graph, eager):
+        conv = eng.new_conversation()
+        tokens.append(eng.chat(conv, "Say something.", sampling=sampling).token_ids)
+        eng.reset(conv)
+    assert tokens[0] == tokens[1]
+
+
+def test_greedy_graph_step_masks_banned_ids(engines):
+    """The in-graph argmax never returns a banned id, even when it has the largest logit."""
+    _, graph, _ = engines
+    runner = graph.runner
+    conv = graph.new_conversation()
+    chat(graph, conv, "Hello.", max_tokens=4)
+    table, context = conv.block_table, len(conv.token_ids)
+    logits = runner.decode(conv.token_ids[-1], context - 1, table, context)
+    top = int(logits.argmax())
+
+    class Greedy:  # the Sampler interface decode_sample reads
+        params = SamplingParams()
+        banned = torch.tensor([top], device="cuda")
+
+    token = runner.decode_sample(conv.token_ids[-1], context - 1, table, context, Greedy())
+    assert token != top
+    assert token == int(logits.index_fill(0, Greedy.banned, float("-inf")).argmax())
+    graph.reset(conv)
+
+
+def test_decode_step_kernel_count(engines):
+    """At most 12 kernels per layer plus a constant (the fused step; 58 per layer before)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _, graph, _ = engines
+    runner = graph.runner
+    conv = graph.new_conversation()
+    chat(graph, conv, "Hello.", max_tokens=4)
+    context = len(conv.token_ids)
+    runner.prepare_decode(conv.token_ids[-1], context - 1, conv.block_table, context)
+    runner._decode_graph_body()  # warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner._decode_graph_body()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    layers = graph.model.config.text.num_hidden_layers
+    assert len(kernels) <= 12 * layers + 16, len(kernels)
+    graph.reset(conv)

@@ -3,9 +3,11 @@
 """The CUDA kernels on a GPU against a float64 torch reference (marker ``gpu``).
 
 Dtypes x head dims x GQA ratios, random block tables, context lengths across many blocks and
-split-K partitions; fp16 max |err| <= 2e-3. Also: KV write (strided input, slot -1), the
-backend against the torch paged backend, kernels captured in a CUDA graph reading new
-metadata at replay, and bitwise determinism. Skips without CUDA or CuPy.
+decode splits; fp16 max |err| <= 2e-3. Also: KV write (strided input, slot -1), the fused
+RMSNorm / add+RMSNorm / SiLU x up / q-k-norm + M-RoPE + KV-write kernels against their torch
+bodies (the CPU path), the backend against the torch paged backend, kernels captured in a
+CUDA graph reading new metadata at replay, and bitwise determinism. Skips without CUDA or
+CuPy.
 """
 
 import pytest
@@ -19,6 +21,11 @@ pytest.importorskip("cupy", reason="needs CuPy (cupy-cuda12x / cupy-cuda13x)")
 from orin_llm_node import kernel_sources as ks  # noqa: E402
 from orin_llm_node.attention.cuda_backend import CudaPagedAttention  # noqa: E402
 from orin_llm_node.attention.torch_backend import TorchPagedAttention  # noqa: E402
+from orin_llm_node.cuda_ops import FusedOps  # noqa: E402
+from orin_llm_node.layers import RMSNorm  # noqa: E402
+from orin_llm_node.layers.activation import silu_and_mul  # noqa: E402
+from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm  # noqa: E402
+from orin_llm_node.layers.rotary_embedding import MRotaryEmbedding  # noqa: E402
 
 DEV = torch.device("cuda")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,45 +43,35 @@ def _no_tf32():
 
 
 def make_backend(dtype, head_dim, hq, hkv, num_blocks=256, block_size=16, max_model_len=4096,
-                 max_rows=1, layers=2, seed=0):
+                 layers=2, seed=0, num_sms=None):
     gen = torch.Generator(device=DEV).manual_seed(seed)
     kv = torch.randn(layers, 2, num_blocks, block_size, hkv, head_dim, generator=gen, device=DEV)
-    attn = CudaPagedAttention(kv.to(_DTYPES[dtype]), hq, max_model_len, max_rows=max_rows)
+    attn = CudaPagedAttention(kv.to(_DTYPES[dtype]), hq, max_model_len, num_sms=num_sms)
     attn.warmup()
     return attn, gen
 
 
-def reference_decode(kv_layer, q, block_tables, context_lens, block_size):
-    """float64 softmax(q k^T / sqrt(D)) v of each row over its context, via its block table."""
+def reference_decode(kv_layer, q, table, context, block_size):
+    """float64 softmax(q k^T / sqrt(D)) v of one query row over its context, via its table."""
     hq, d = q.shape[1:]
     hkv = kv_layer.shape[-2]
-    outs = []
-    for r in range(q.shape[0]):
-        t = torch.arange(int(context_lens[r]), device=q.device)
-        slots = block_tables[r][t // block_size] * block_size + t % block_size
-        k = kv_layer[0].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
-        v = kv_layer[1].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
-        s = torch.einsum("hd,thd->ht", q[r].double(), k) * d ** -0.5
-        outs.append(torch.einsum("ht,thd->hd", s.softmax(-1), v))
-    return torch.stack(outs)
+    t = torch.arange(context, device=q.device)
+    slots = table[t // block_size] * block_size + t % block_size
+    k = kv_layer[0].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
+    v = kv_layer[1].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
+    s = torch.einsum("hd,thd->ht", q[0].double(), k) * d ** -0.5
+    return torch.einsum("ht,thd->hd", s.softmax(-1), v)[None]
 
 
-def random_decode_batch(attn, gen, contexts):
-    """Per-row random block tables / new K,V / q; the new token at each row's last position."""
-    rows, bs = len(contexts), attn.block_size
-    nb = attn.kv_cache.shape[2]
-    width = -(-max(contexts) // bs)
-    tables = torch.stack([torch.randperm(nb, generator=gen, device=DEV)[:width]
-                          for _ in range(rows)])
-    ctx = torch.tensor(contexts, dtype=torch.int32, device=DEV)
-    last = ctx.long() - 1
-    slots = tables[torch.arange(rows, device=DEV), last // bs] * bs + last % bs
-    shape = (rows, attn.num_q_heads, attn.head_dim)
-    q = torch.randn(shape, generator=gen, device=DEV).to(attn.dtype)
-    kv_shape = (rows, attn.num_kv_heads, attn.head_dim)
-    k = torch.randn(kv_shape, generator=gen, device=DEV).to(attn.dtype)
-    v = torch.randn(kv_shape, generator=gen, device=DEV).to(attn.dtype)
-    return tables.contiguous(), ctx, slots, q, k, v
+def random_decode_step(attn, gen, table, context):
+    """New K, V, q of one decode step; the new token at the context's last position."""
+    bs = attn.block_size
+    last = context - 1
+    slot = (table[last // bs] * bs + last % bs).reshape(1)
+    q = torch.randn(1, attn.num_q_heads, attn.head_dim, generator=gen, device=DEV)
+    k = torch.randn(1, attn.num_kv_heads, attn.head_dim, generator=gen, device=DEV)
+    v = torch.randn(1, attn.num_kv_heads, attn.head_dim, generator=gen, device=DEV)
+    return slot, q.to(attn.dtype), k.to(attn.dtype), v.to(attn.dtype)
 
 
 @pytest.mark.parametrize("max_model_len", [512, 4096])
@@ -84,27 +81,89 @@ def random_decode_batch(attn, gen, contexts):
 @pytest.mark.parametrize("dtype", list(_DTYPES))
 def test_decode_matches_reference(dtype, head_dim, hq, hkv, max_model_len):
     contexts = CONTEXTS if max_model_len >= 4096 else [c for c in CONTEXTS if c <= 1000]
-    attn, gen = make_backend(dtype, head_dim, hq, hkv, max_model_len=max_model_len,
-                             max_rows=len(contexts))
-    tables, ctx, slots, q, k, v = random_decode_batch(attn, gen, contexts)
-    attn.prepare_decode(slots, tables, ctx)
-    out = attn.attend(1, q, k, v)
-    layer = attn.kv_cache[1]
-    assert torch.equal(layer[0].reshape(-1, hkv, head_dim)[slots], k)
-    assert torch.equal(layer[1].reshape(-1, hkv, head_dim)[slots], v)
-    err = (out.double() - reference_decode(layer, q, tables, ctx, 16)).abs().max().item()
-    assert err <= _ATOL[dtype], f"max |err| {err}"
+    attn, gen = make_backend(dtype, head_dim, hq, hkv, max_model_len=max_model_len)
+    table = torch.randperm(256, generator=gen, device=DEV)
+    for context in contexts:
+        slot, q, k, v = random_decode_step(attn, gen, table, context)
+        attn.prepare(slot, table, context - 1, 1)
+        out = attn.attend(1, q, k, v)
+        layer = attn.kv_cache[1]
+        assert torch.equal(layer[0].reshape(-1, hkv, head_dim)[slot], k)
+        assert torch.equal(layer[1].reshape(-1, hkv, head_dim)[slot], v)
+        err = (out.double() - reference_decode(layer, q, table, context, 16)).abs().max()
+        assert err.item() <= _ATOL[dtype], f"context {context}: max |err| {err.item()}"
 
 
 def test_context_longer_than_the_split_grid():
-    """Contexts beyond max_model_len stay correct: a split walks several partitions."""
-    attn, gen = make_backend("float16", 128, 32, 8, max_model_len=256, max_rows=2)
-    assert attn.num_splits == 1
-    tables, ctx, slots, q, k, v = random_decode_batch(attn, gen, [700, 2000])
-    attn.prepare_decode(slots, tables, ctx)
-    out = attn.attend(0, q, k, v)
-    ref = reference_decode(attn.kv_cache[0], q, tables, ctx, 16)
-    assert (out.double() - ref).abs().max().item() <= 2e-3
+    """Contexts beyond max_model_len stay correct: a split walks several passes."""
+    attn, gen = make_backend("float16", 128, 32, 8, max_model_len=256)
+    table = torch.randperm(256, generator=gen, device=DEV)
+    for context in (700, 2000):
+        slot, q, k, v = random_decode_step(attn, gen, table, context)
+        attn.prepare(slot, table, context - 1, 1)
+        out = attn.attend(0, q, k, v)
+        ref = reference_decode(attn.kv_cache[0], q, table, context, 16)
+        assert (out.double() - ref).abs().max().item() <= 2e-3
+
+
+@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("rows,cols", [(1, 2048), (1, 4096), (7, 2560), (300, 128)])
+def test_fused_norms_and_silu_match_torch(dtype, rows, cols):
+    torch_dtype = _DTYPES[dtype]
+    ops = FusedOps(torch_dtype, 128, DEV)
+    gen = torch.Generator(device=DEV).manual_seed(cols)
+    x = (3 * torch.randn(rows, cols, generator=gen, device=DEV)).to(torch_dtype)
+    res = torch.randn(rows, cols, generator=gen, device=DEV).to(torch_dtype)
+    w = (1 + 0.1 * torch.randn(cols, generator=gen, device=DEV)).to(torch_dtype)
+    tol = {"float32": 1e-5, "bfloat16": 2 ** -7, "float16": 2 ** -10}[dtype]
+
+    def close(a, b):
+        return (a.double() - b.double()).abs().max().item() <= tol * b.abs().max().item()
+
+    assert close(ops.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    want, want_res = add_rms_norm(x, res, w, 1e-6)
+    got, got_res = ops.add_rms_norm(x, res.clone(), w, 1e-6)
+    assert torch.equal(got_res, want_res) and close(got, want)
+    gu = torch.randn(rows, 2 * cols, generator=gen, device=DEV).to(torch_dtype)
+    assert close(ops.silu_and_mul(gu), silu_and_mul(gu))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("n", [1, 300])
+@pytest.mark.parametrize("dtype", list(_DTYPES))
+def test_fused_qk_norm_rope_kv_write_matches_torch(dtype, n):
+    """attend_qkv (one fused kernel, then attention) vs the torch body, decode and prefill."""
+    attn, gen = make_backend(dtype, 128, 16, 8)
+    ref = TorchPagedAttention(attn.kv_cache.clone())
+    rope = MRotaryEmbedding(128, 5e6, (24, 20, 20))
+    num_prefix = 37
+    pos = torch.stack([torch.arange(n, device=DEV) // 3 + 10, torch.arange(n, device=DEV) % 7,
+                       torch.arange(n, device=DEV) % 5]) if n > 1 else torch.tensor([40],
+                                                                                   device=DEV)
+    cos, sin = rope.to(DEV)(pos, attn.dtype)
+    table = torch.randperm(256, generator=gen, device=DEV)[:40]
+    t = torch.arange(num_prefix, num_prefix + n, device=DEV)
+    slots = table[t // 16] * 16 + t % 16
+    qkv = torch.randn(n, 32 * 128, generator=gen, device=DEV).to(attn.dtype)
+    q, k, v = qkv.split([16 * 128, 8 * 128, 8 * 128], dim=-1)
+    q, k, v = q.view(n, 16, 128), k.view(n, 8, 128), v.view(n, 8, 128)
+    norms = [RMSNorm(128, 1e-6).to(DEV, attn.dtype) for _ in range(2)]
+    for m in norms:
+        m.weight.copy_(1 + 0.2 * torch.randn(128, generator=gen, device=DEV))
+    outs = []
+    for backend in (attn, ref):
+        backend.prepare(slots, table, num_prefix, n)
+        outs.append(backend.attend_qkv(0, q, k, v, *norms, cos, sin))
+    tol = 2 * _ATOL[dtype]
+    assert (outs[0].double() - outs[1].double()).abs().max().item() <= tol
+    assert (attn.kv_cache.double() - ref.kv_cache.double()).abs().max().item() <= tol * 8
+
+
+def test_paged_decode_keeps_the_sms_busy():
+    """The split grid covers about two CTAs per SM whatever max_model_len allows."""
+    attn, _ = make_backend("bfloat16", 128, 16, 8, max_model_len=32768)
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert attn.num_splits * attn.num_kv_heads >= 2 * sms - attn.num_kv_heads
 
 
 def test_kv_write_strided_and_skipped():
@@ -146,39 +205,36 @@ def test_backend_matches_torch_backend_prefill_then_decode(dtype):
 
 
 def test_graph_replay_reads_new_metadata():
-    """Captured once, replayed with new context lengths and block tables: still correct."""
-    rows = 3
-    attn, gen = make_backend("bfloat16", 128, 32, 8, max_rows=rows)
-    width = 4096 // 16
-    tables = torch.zeros(rows, width, dtype=torch.long, device=DEV)
-    ctx = torch.ones(rows, dtype=torch.int32, device=DEV)
-    slots = torch.zeros(rows, dtype=torch.long, device=DEV)
-    q = torch.zeros(rows, 32, 128, dtype=torch.bfloat16, device=DEV)
-    k = torch.zeros(rows, 8, 128, dtype=torch.bfloat16, device=DEV)
+    """Captured once, replayed with new context lengths, slots and tables: still correct."""
+    attn, gen = make_backend("bfloat16", 128, 32, 8)
+    table = torch.zeros(4096 // 16, dtype=torch.long, device=DEV)
+    slot = torch.zeros(1, dtype=torch.long, device=DEV)
+    q = torch.zeros(1, 32, 128, dtype=torch.bfloat16, device=DEV)
+    k = torch.zeros(1, 8, 128, dtype=torch.bfloat16, device=DEV)
     v = torch.zeros_like(k)
-    attn.prepare_decode(slots, tables, ctx)
+    attn.prepare(slot, table, 0, 1)
     attn.attend(0, q, k, v)  # warm-up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = attn.attend(0, q, k, v)
-    for contexts in ([1, 16, 17], [300, 2000, 4096], [33, 1, 257]):
-        new_tables, new_ctx, new_slots, new_q, new_k, new_v = random_decode_batch(
-            attn, gen, contexts)
-        tables.zero_()
-        tables[:, : new_tables.shape[1]] = new_tables
-        for dst, src in ((ctx, new_ctx), (slots, new_slots), (q, new_q), (k, new_k),
-                         (v, new_v)):
+    for context in (1, 16, 17, 300, 2000, 4096, 33):
+        new_table = torch.randperm(256, generator=gen, device=DEV)
+        new_slot, new_q, new_k, new_v = random_decode_step(attn, gen, new_table, context)
+        table.copy_(new_table)
+        for dst, src in ((slot, new_slot), (q, new_q), (k, new_k), (v, new_v)):
             dst.copy_(src)
+        attn.prepare(slot, table, context - 1, 1)  # refills the device context length only
         graph.replay()
-        ref = reference_decode(attn.kv_cache[0], q, tables, ctx, 16)
-        assert (out.double() - ref).abs().max().item() <= 1.6e-2, contexts
+        ref = reference_decode(attn.kv_cache[0], q, table, context, 16)
+        assert (out.double() - ref).abs().max().item() <= 1.6e-2, context
 
 
 def test_deterministic():
-    attn, gen = make_backend("bfloat16", 128, 16, 8, max_rows=4)
-    tables, ctx, slots, q, k, v = random_decode_batch(attn, gen, [100, 999, 3000, 7])
-    attn.prepare_decode(slots, tables, ctx)
+    attn, gen = make_backend("bfloat16", 128, 16, 8)
+    table = torch.randperm(256, generator=gen, device=DEV)
+    slot, q, k, v = random_decode_step(attn, gen, table, 3000)
+    attn.prepare(slot, table, 2999, 1)
     first = attn.attend(0, q, k, v)
     for _ in range(3):
         assert torch.equal(attn.attend(0, q, k, v), first)

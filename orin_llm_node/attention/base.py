@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from orin_llm_node.layers.layernorm import rms_norm
 from orin_llm_node.layers.rotary_embedding import apply_rope
 
 __all__ = ["AttentionBackend", "causal_attention", "gather_kv"]
@@ -59,8 +60,17 @@ class AttentionBackend(Protocol):
         ``[N, D]`` the step's rotary tables. Torch body: the CPU path and the oracle of the
         fused q/k-norm + RoPE + KV-write kernel.
         """
-        q = apply_rope(q_norm(q), cos, sin)
-        k = apply_rope(k_norm(k), cos, sin)
+        qk = _joint_view(q, k)
+        if qk is None or q_norm.eps != k_norm.eps:
+            q = apply_rope(q_norm(q), cos, sin)
+            k = apply_rope(k_norm(k), cos, sin)
+        else:
+            # k's heads follow q's in the merged qkv row: norm and rotate them together (half
+            # the torch ops; bit-identical, the per-head weight is broadcast the same way).
+            hq, d = q.shape[1], q.shape[2]
+            weight = torch.cat((q_norm.weight.expand(hq, d), k_norm.weight.expand(k.shape[1], d)))
+            q, k = apply_rope(rms_norm(qk, weight, q_norm.eps), cos, sin).split(
+                (hq, k.shape[1]), dim=1)
         return self.attend(layer_idx, q, k, v)
 
     def graph_key(self) -> tuple | None:
@@ -71,6 +81,16 @@ class AttentionBackend(Protocol):
         :meth:`prepare`; the runner re-captures whenever the tuple changes.
         """
         return None
+
+
+def _joint_view(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """``[N, Hq + Hkv, D]`` over q and k when k's heads directly follow q's in memory."""
+    n, hq, d = q.shape
+    if (k.dtype != q.dtype or k.shape[0] != n or k.shape[2] != d or q.stride(1) != d
+            or q.stride(2) != 1 or k.stride() != q.stride()
+            or k.data_ptr() != q.data_ptr() + hq * d * q.element_size()):
+        return None
+    return q.as_strided((n, hq + k.shape[1], d), q.stride())
 
 
 def causal_attention(
@@ -110,7 +130,7 @@ def gather_kv(kv_layer: torch.Tensor, blocks: torch.Tensor,
     ``kv_layer`` is one layer of the paged KV tensor, ``[2, blocks, block_size, Hkv, D]``.
     """
     hkv, d = kv_layer.shape[-2:]
-    # index_select, not layer[0, blocks]: mixed basic/advanced indexing is ~1000x slower.
-    keys = kv_layer[0].index_select(0, blocks).view(-1, hkv, d)[:context]
-    values = kv_layer[1].index_select(0, blocks).view(-1, hkv, d)[:context]
-    return keys, values
+    # One index_select for K and V; not layer[:, blocks]: mixed basic/advanced indexing is
+    # ~1000x slower.
+    kv = kv_layer.index_select(1, blocks).view(2, -1, hkv, d)[:, :context]
+    return kv[0], kv[1]

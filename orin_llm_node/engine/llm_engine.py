@@ -249,8 +249,8 @@ class LLMEngine:
         detok = state.detok = IncrementalDetokenizer(self.tokenizer.decode)
         eos = set() if sampling.ignore_eos else set(self.tokenizer.eos_ids)
         gen = state.token_ids
+        token = sampler(logits)
         while True:
-            token = sampler(logits)
             now = time.perf_counter()
             if not gen:
                 state.t_first = now
@@ -279,7 +279,9 @@ class LLMEngine:
                 log.warning("KV pool exhausted: answer truncated after %d tokens", len(gen))
                 state.finish = FinishReason.KV_EXHAUSTED
                 return
-            logits = runner.decode(token, next_pos + len(gen) - 1, conv.block_table, context)
+            # Greedy under a CUDA graph samples inside the graph (one replay, one 8-byte copy).
+            token = runner.decode_sample(token, next_pos + len(gen) - 1, conv.block_table,
+                                         context, sampler)
             kv.kv_written(conv, context)
 
     def _close_turn(self, conv: Conversation, state: "_TurnState") -> None:

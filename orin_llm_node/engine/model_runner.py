@@ -3,9 +3,13 @@
 """The one place that touches the device: KV tensor, slot mapping, block tables, prefill, decode.
 
 Decode is split for CUDA Graphs: ``prepare_decode`` does all host work (writes the token,
-position, slot, block-table and context-length *static* buffers, sets the backend's per-step
-metadata) and ``run_decode`` only runs the model on those buffers (``_decode_forward``), which
-is the function a graph captures and replays.
+position, slot and block-table *static* buffers, sets the backend's per-step metadata) and
+``run_decode`` only runs the model on those buffers (``_decode_forward``); a graph captures
+that plus greedy sampling (``_decode_graph_body``), so a greedy step is one replay and one
+8-byte copy of the token id to the host.
+
+On CUDA the factory below also installs the fused RMSNorm / SiLU kernels
+(``cuda_ops.FusedOps``) for the layers (``layers.dispatch``).
 """
 
 import logging
@@ -15,10 +19,11 @@ import numpy as np
 import torch
 
 from orin_llm_node.attention.torch_backend import TorchPagedAttention
+from orin_llm_node.layers import dispatch
 
 from .config import EngineConfig
 
-__all__ = ["ModelRunner", "kv_bytes_per_block", "plan_num_blocks"]
+__all__ = ["ModelRunner", "greedy_token", "kv_bytes_per_block", "plan_num_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +61,33 @@ def plan_num_blocks(cfg: EngineConfig, text_cfg, dtype: torch.dtype,
 
 
 def make_attention_backend(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int):
-    """The paged attention backend for the KV tensor's device.
+    """The paged attention backend for the KV tensor's device (the one factory).
 
-    CUDA kernels when CuPy is usable on a CUDA device, else the torch implementation.
+    CUDA kernels when CuPy is usable on a CUDA device -- then the layers' fused kernels are
+    installed for that device and dtype too -- else the torch implementation.
     """
     if kv_cache.device.type == "cuda":
-        from orin_llm_node.attention.cuda_backend import CudaPagedAttention, cupy_available
+        from orin_llm_node.attention.cuda_backend import CudaPagedAttention
+        from orin_llm_node.cuda_ops import FusedOps, cupy_available
 
         if cupy_available():
             backend = CudaPagedAttention(kv_cache, num_q_heads, max_model_len)
             backend.warmup()
+            head_dim = kv_cache.shape[-1]
+            dispatch.install(kv_cache.device, kv_cache.dtype,
+                             FusedOps(kv_cache.dtype, head_dim, kv_cache.device))
             return backend
         log.warning("CuPy is not importable: paged attention falls back to torch on CUDA")
     return TorchPagedAttention(kv_cache)
+
+
+def greedy_token(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+    """
+    Argmax of ``logits [V]`` over the ids not set in ``banned [V]`` (bool), as an int64 ``[1]``.
+
+    ``Sampler``'s greedy rule (banned ids to -inf, first maximum) in ops a CUDA graph can hold.
+    """
+    return logits.masked_fill(banned, float("-inf")).argmax().reshape(1)
 
 
 class ModelRunner:
@@ -89,16 +108,14 @@ class ModelRunner:
         self.bytes_per_block = kv_bytes_per_block(tc, block_size, dtype)
         self.attn = make_attention_backend(self.kv_cache, tc.num_attention_heads, max_model_len)
         self.enable_cuda_graph = enable_cuda_graph and device.type == "cuda"
-        # CUDA Graph decode (engine/cuda_graph.py): needs the CUDA backend, which reads its
-        # decode metadata from device memory; captured on the first decode step, replayed
-        # by run_decode after prepare_decode has written the static buffers below.
+        # CUDA Graph decode (engine/cuda_graph.py): needs a backend that reads its decode
+        # metadata from device memory (graph_key() is not None); captured on the first decode
+        # step, replayed by run_decode after prepare_decode has written the static buffers.
         self.decode_graph = None
         if self.enable_cuda_graph:
-            from orin_llm_node.attention.cuda_backend import CudaPagedAttention
-
             from .cuda_graph import CudaGraphDecode
 
-            if isinstance(self.attn, CudaPagedAttention):
+            if self.attn.graph_key() is not None:
                 self.decode_graph = CudaGraphDecode(self)
             else:
                 log.warning("CUDA graphs need the CUDA attention backend: decoding eagerly")
@@ -111,7 +128,9 @@ class ModelRunner:
         self.decode_block_table = torch.zeros(
             self.max_blocks_per_seq, dtype=torch.long, device=device
         )
-        self.decode_context_len = torch.zeros(1, dtype=torch.int32, device=device)
+        # Ids greedy decoding never emits (the sampler's banned ids), as a mask the graph reads.
+        self.decode_banned = torch.zeros(tc.vocab_size, dtype=torch.bool, device=device)
+        self._banned_ids = None  # the sampler tensor decode_banned was last built from
         self._table_on_device: list[int] = []  # host mirror of decode_block_table's prefix
 
     # ---- vision ----------------------------------------------------------------------------
@@ -176,7 +195,6 @@ class ModelRunner:
         self.decode_input_ids.fill_(token_id)
         self.decode_positions.fill_(position)
         self.decode_slot_mapping.fill_(slot)
-        self.decode_context_len.fill_(context_len)
         self.attn.prepare(self.decode_slot_mapping, self.decode_block_table, idx, 1)
 
     @torch.inference_mode()
@@ -192,8 +210,31 @@ class ModelRunner:
         hidden = self.model(self.decode_input_ids, self.decode_positions, self.attn)
         return self.model.compute_logits(hidden)[0]
 
+    def _decode_graph_body(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # What the graph captures: the logits (sampled on the host side when not greedy) and
+        # the greedy token (two small kernels over the vocabulary).
+        logits = self._decode_forward()
+        return logits, greedy_token(logits, self.decode_banned)
+
     def decode(self, token_id: int, position: int, block_table: list[int],
                context_len: int) -> torch.Tensor:
         """One decode step: ``prepare_decode`` then ``run_decode``."""
         self.prepare_decode(token_id, position, block_table, context_len)
         return self.run_decode()
+
+    @torch.inference_mode()
+    def decode_sample(self, token_id: int, position: int, block_table: list[int],
+                      context_len: int, sampler) -> int:
+        """One decode step and the next token, picked by ``sampler`` (an ``engine.Sampler``).
+
+        Greedy under a CUDA graph: the graph masks ``sampler.banned`` and takes the argmax, so
+        the step is one replay plus an 8-byte copy. Otherwise the sampler reads the logits.
+        """
+        self.prepare_decode(token_id, position, block_table, context_len)
+        if self.decode_graph is None or not sampler.params.greedy:
+            return sampler(self.run_decode())
+        if sampler.banned is not self._banned_ids:  # a new sampler: once per turn
+            self.decode_banned.zero_()
+            self.decode_banned.index_fill_(0, sampler.banned, True)
+            self._banned_ids = sampler.banned
+        return self.decode_graph.run_greedy()

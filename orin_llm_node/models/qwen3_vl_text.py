@@ -127,7 +127,8 @@ class Qwen3VLTextModel(nn.Module):
 
         ``positions`` is ``[3, N]`` (M-RoPE, prefill) or ``[N]`` (t=h=w, decode; no host sync).
         ``deepstack[i]`` (``[n_vis, H]``, one row per True in ``visual_mask [N]``) is added at the
-        visual rows after decoder layer ``i``.
+        visual rows after decoder layer ``i``. ``inputs_embeds`` becomes the residual stream:
+        with the fused CUDA kernels it is updated in place (pass a tensor you own).
         """
         cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)  # once for every layer
         visual_idx = None

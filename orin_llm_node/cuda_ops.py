@@ -1,0 +1,178 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The one module that owns CuPy: builds ``cuda_kernels/`` and launches them; the fused ops.
+
+* :func:`load_kernels` compiles every kernel file of a (dtype, head_dim) variant once per
+  process (``cupy.RawModule``; CuPy also caches on disk) and fetches the functions -- call it
+  during warm-up, never inside a graph capture.
+* :func:`kernel_launcher` returns ``launch(name, grid, block, args)``, which runs a kernel on
+  ``torch.cuda.current_stream()`` resolved at every call, so a launch inside
+  ``torch.cuda.graph`` lands in the capture stream. All buffers are torch tensors passed by
+  ``data_ptr()``; scalars are numpy scalars typed to the C signature. Tests pass the CPU
+  emulator's launcher (same convention) instead.
+* :class:`FusedOps` wraps the non-attention fused kernels (RMSNorm, add + RMSNorm, SiLU x up)
+  that ``layers.dispatch`` routes the layers to; the attention kernels (q/k-norm + RoPE + KV
+  write, paged decode) are wrapped by ``attention/cuda_backend.py`` through the same launcher.
+
+Nothing else imports CuPy, and this module imports it only when a kernel is built.
+"""
+
+from functools import cache
+
+import numpy as np
+import torch
+
+from orin_llm_node import kernel_sources as ks
+from orin_llm_node.layers.activation import silu_and_mul
+from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm
+
+__all__ = ["TORCH_DTYPES", "FusedOps", "cupy_available", "kernel_launcher", "load_kernels"]
+
+#: torch dtype -> kernel_sources dtype name, for every dtype the kernels are built for.
+TORCH_DTYPES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+}
+
+
+def _import_cupy():
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise RuntimeError(
+            "the CUDA kernels need CuPy: pip install cupy-cuda12x (CUDA 12, JetPack 6) or "
+            "cupy-cuda13x (CUDA 13)"
+        ) from exc
+    return cupy
+
+
+def cupy_available() -> bool:
+    """True when CUDA is usable by torch and CuPy imports (the kernels can be built)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        _import_cupy()
+    except RuntimeError:
+        return False
+    return True
+
+
+@cache
+def load_kernels(dtype: str, head_dim: int, device_index: int) -> dict:
+    """Compile (once per process) and load every kernel for ``dtype``/``head_dim``.
+
+    Returns ``{function name: cupy Function}`` bound to the CUDA context of ``device_index``.
+    Call it outside graph capture: compiling and module loading are not capturable.
+    """
+    cupy = _import_cupy()
+    functions = {}
+    with cupy.cuda.Device(device_index):
+        for file in ks.KERNEL_FILES:
+            var = ks.variant(file, dtype, head_dim)
+            module = cupy.RawModule(code=var.source, options=var.options)
+            for name in var.functions:
+                try:
+                    # .kernel compiles, loads the module on the current device -> Function.
+                    functions[name] = module.get_function(name).kernel
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"CuPy could not build {file} ({dtype}, head_dim {head_dim}) for "
+                        f"CUDA device {device_index}: {exc} (CuPy needs the CUDA toolkit's "
+                        "NVRTC matching its cupy-cudaXXx wheel)"
+                    ) from exc
+    return functions
+
+
+def kernel_launcher(dtype: torch.dtype, head_dim: int, device: torch.device):
+    """``launch(name, grid, block, args)`` for the CuPy-built kernels of this variant."""
+    cupy = _import_cupy()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fns = load_kernels(TORCH_DTYPES[dtype], head_dim, index)
+    streams = {}
+
+    def launch(name, grid, block, args):
+        ptr = torch.cuda.current_stream(device).cuda_stream
+        stream = streams.get(ptr)
+        if stream is None:
+            stream = streams[ptr] = cupy.cuda.ExternalStream(ptr, index)
+        fns[name](grid, block, args, stream=stream)
+
+    return launch
+
+
+def _rows_ok(x: torch.Tensor, vec: int) -> bool:
+    """2-D, dense rows of whole 16-byte vectors at 16-byte aligned addresses."""
+    return (x.dim() == 2 and x.stride(1) == 1 and x.shape[1] % vec == 0
+            and x.stride(0) % vec == 0 and x.data_ptr() % 16 == 0)
+
+
+class FusedOps:
+    """The layers' fused kernels for one device and dtype (see ``layers.dispatch``).
+
+    Each op returns what its torch body in ``layers/`` returns; inputs the kernels cannot take
+    (not 2-D, misaligned rows, another dtype) run that torch body instead.
+
+    Args:
+        dtype: activation dtype (float16, bfloat16 or float32).
+        head_dim: which compiled variant to use (the kernels here do not depend on it).
+        device: the CUDA device (or the CPU, with an emulated ``launch``).
+        launch: ``launch(name, grid, block, args)``; None builds the CuPy kernels now.
+    """
+
+    def __init__(self, dtype: torch.dtype, head_dim: int, device: torch.device,
+                 launch=None) -> None:
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"fused kernels support {list(TORCH_DTYPES)}, got {dtype}")
+        self.dtype, self.device = dtype, torch.device(device)
+        self._vec = 16 // torch.empty((), dtype=dtype).element_size()
+        self._launch = launch if launch is not None else kernel_launcher(dtype, head_dim,
+                                                                         self.device)
+
+    def _fits(self, *tensors: torch.Tensor) -> bool:
+        return all(t.dtype == self.dtype and t.device == self.device and _rows_ok(t, self._vec)
+                   for t in tensors)
+
+    def _norm_threads(self, n_cols: int) -> int:
+        vectors = -(-n_cols // self._vec)
+        return min(1024, max(32, -(-vectors // 32) * 32))
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``layers.layernorm.rms_norm`` in one kernel (x ``[N, H]``)."""
+        if not self._fits(x, weight[None]) or x.shape[1] != weight.shape[0]:
+            return rms_norm(x, weight, eps)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if x.shape[0]:
+            self._launch("rms_norm", (x.shape[0],), (self._norm_threads(x.shape[1]),),
+                         (out.data_ptr(), x.data_ptr(), weight.data_ptr(),
+                          np.int32(x.shape[1]), np.int64(x.stride(0)), np.int64(out.stride(0)),
+                          np.float32(eps)))
+        return out
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layers.layernorm.add_rms_norm`` in one kernel; ``residual`` is updated in place."""
+        if (not self._fits(x, residual, weight[None]) or x.shape != residual.shape
+                or x.shape[1] != weight.shape[0]):
+            return add_rms_norm(x, residual, weight, eps)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if x.shape[0]:
+            self._launch("add_rms_norm", (x.shape[0],), (self._norm_threads(x.shape[1]),),
+                         (out.data_ptr(), residual.data_ptr(), x.data_ptr(), weight.data_ptr(),
+                          np.int32(x.shape[1]), np.int64(x.stride(0)),
+                          np.int64(residual.stride(0)), np.int64(out.stride(0)),
+                          np.float32(eps)))
+        return out, residual
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``layers.activation.silu_and_mul`` in one kernel (x ``[N, 2I]``)."""
+        if not self._fits(x) or x.shape[1] % (2 * self._vec):
+            return silu_and_mul(x)
+        n, cols = x.shape[0], x.shape[1] // 2
+        out = torch.empty(n, cols, dtype=x.dtype, device=x.device)
+        if n:
+            per_cta = ks.NUM_THREADS * self._vec
+            self._launch("silu_and_mul", (n, -(-cols // per_cta)), (ks.NUM_THREADS,),
+                         (out.data_ptr(), x.data_ptr(), np.int32(cols), np.int64(x.stride(0)),
+                          np.int64(out.stride(0))))
+        return out
