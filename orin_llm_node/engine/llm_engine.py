@@ -121,6 +121,11 @@ class LLMEngine:
     # ---- public API ------------------------------------------------------------------------
 
     @property
+    def weight_format(self) -> str:
+        """How the weights are stored, e.g. ``bfloat16`` (the model dtype's name)."""
+        return str(self.dtype).replace("torch.", "")
+
+    @property
     def uses_cuda_graph(self) -> bool:
         """Whether decode steps replay a captured CUDA graph (not merely enabled)."""
         return self.runner.cuda_graph_active
@@ -351,3 +356,4 @@ class _TurnState:
         self.vision_s = 0.0
         self.tail = ""
         self.result: ChatResult | None = None
+
