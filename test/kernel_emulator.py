@@ -100,6 +100,19 @@ using std::min;
 
 #include "kv_write.cu"
 #include "paged_decode.cu"
+#include "quant_linear.cu"
+
+using QuantGemv = void (*)(scalar_t*, const scalar_t*, const unsigned char*, const float*,
+                           const unsigned char*, const scalar_t*, int, int, int, int, long long,
+                           long long);
+using QuantDequant = void (*)(scalar_t*, const unsigned char*, const float*,
+                              const unsigned char*, int, int, int, int);
+static const std::pair<std::string, QuantGemv> kQuantGemv[] = {
+    {"quant_gemv_int8", quant_gemv_int8}, {"quant_gemv_int4", quant_gemv_int4},
+    {"quant_gemv_fp8", quant_gemv_fp8}};
+static const std::pair<std::string, QuantDequant> kQuantDequant[] = {
+    {"quant_dequant_int8", quant_dequant_int8}, {"quant_dequant_int4", quant_dequant_int4},
+    {"quant_dequant_fp8", quant_dequant_fp8}};
 
 static void trampoline() {
   g_body(g_body_arg);
@@ -185,6 +198,24 @@ extern "C" int emu_launch(const char* name, int gx, int gy, int gz, int bx, void
     };
     return launch(gx, gy, gz, bx, body);
   }
+  for (const auto& [fname, fn] : kQuantGemv) {
+    if (n != fname) continue;
+    auto body = [&] {
+      fn(ARG(0, scalar_t*), ARG(1, const scalar_t*), ARG(2, const unsigned char*),
+         ARG(3, const float*), ARG(4, const unsigned char*), ARG(5, const scalar_t*),
+         ARG(6, int), ARG(7, int), ARG(8, int), ARG(9, int), ARG(10, long long),
+         ARG(11, long long));
+    };
+    return launch(gx, gy, gz, bx, body);
+  }
+  for (const auto& [fname, fn] : kQuantDequant) {
+    if (n != fname) continue;
+    auto body = [&] {
+      fn(ARG(0, scalar_t*), ARG(1, const unsigned char*), ARG(2, const float*),
+         ARG(3, const unsigned char*), ARG(4, int), ARG(5, int), ARG(6, int), ARG(7, int));
+    };
+    return launch(gx, gy, gz, bx, body);
+  }
   return -1;
 }
 """
@@ -197,7 +228,7 @@ _SIGNATURE = re.compile(
 def kernel_signatures() -> dict[str, list[str]]:
     """``{kernel: [param kind]}`` parsed from the sources; kinds: ptr, int32, int64, float32."""
     sigs = {}
-    for file in ks.KERNEL_FILES:
+    for file in (*ks.KERNEL_FILES, *ks.QUANT_KERNEL_FILES):
         for name, params in _SIGNATURE.findall(ks.kernel_source(file)):
             kinds = []
             for p in params.split(","):
@@ -228,10 +259,11 @@ def compiler_available() -> bool:
 
 
 def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
-    var = ks.variant("kv_write.cu", dtype, head_dim)
+    options = dict.fromkeys((*ks.variant("kv_write.cu", dtype, head_dim).options,
+                             *ks.quant_variant(dtype).options))
     src_dir = ks.kernels_dir()
     sources = "".join(p.read_text() for p in sorted(src_dir.glob("*.cu*")))
-    key = hashlib.sha256("\0".join((HARNESS, sources, *var.options)).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join((HARNESS, sources, *options)).encode()).hexdigest()[:16]
     cache = Path(tempfile.gettempdir()) / f"orin_llm_kernel_emulator_{key}"
     lib = cache / "emu.so"
     if not lib.exists():
@@ -239,7 +271,7 @@ def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
         cpp = cache / "harness.cpp"
         cpp.write_text(HARNESS)
         tmp = cache / f"emu.{id(cpp)}.so"
-        defines = [o for o in var.options if o.startswith("-D")]
+        defines = [o for o in options if o.startswith("-D")]
         cmd = ["g++", "-std=c++20", "-O2", "-shared", "-fPIC", "-w",
                f"-I{src_dir}", *defines, str(cpp), "-o", str(tmp)]
         res = subprocess.run(cmd, capture_output=True, text=True)

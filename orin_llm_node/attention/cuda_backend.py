@@ -19,7 +19,8 @@ disk), fetched in :meth:`CudaPagedAttention.warmup` -- never during graph captur
 launched on ``torch.cuda.current_stream()``, resolved at every call, so a launch inside
 ``torch.cuda.graph`` lands in the capture stream. All buffers are torch tensors passed by
 ``data_ptr()``; scalars are typed to the C signatures. This is the only module that imports
-CuPy, and only when a CUDA backend is built.
+CuPy, and only when a CUDA backend is built; :func:`quant_launcher` serves the weight-only
+quantized linear kernels (``quantization/kernels.py``) the same way.
 """
 
 from functools import cache
@@ -32,7 +33,7 @@ from orin_llm_node import kernel_sources as ks
 
 from .base import causal_attention
 
-__all__ = ["CudaPagedAttention", "cupy_available", "load_kernels"]
+__all__ = ["CudaPagedAttention", "cupy_available", "load_kernels", "quant_launcher"]
 
 _LOG2E = 1.4426950408889634
 _TORCH_DTYPES = {
@@ -64,6 +65,24 @@ def cupy_available() -> bool:
     return True
 
 
+def _compile(var: ks.KernelVariant, device_index: int) -> dict:
+    cupy = _import_cupy()
+    functions = {}
+    with cupy.cuda.Device(device_index):
+        module = cupy.RawModule(code=var.source, options=var.options)
+        for name in var.functions:
+            try:
+                # .kernel compiles, loads the module on the current device -> Function.
+                functions[name] = module.get_function(name).kernel
+            except Exception as exc:
+                raise RuntimeError(
+                    f"CuPy could not build {var.file} ({var.dtype}) for CUDA device "
+                    f"{device_index}: {exc} (CuPy needs the CUDA toolkit's NVRTC matching its "
+                    "cupy-cudaXXx wheel)"
+                ) from exc
+    return functions
+
+
 @cache
 def load_kernels(dtype: str, head_dim: int, device_index: int) -> dict:
     """Compile (once per process) and load every kernel for ``dtype``/``head_dim``.
@@ -71,23 +90,32 @@ def load_kernels(dtype: str, head_dim: int, device_index: int) -> dict:
     Returns ``{function name: cupy Function}`` bound to the CUDA context of ``device_index``.
     Call it outside graph capture: compiling and module loading are not capturable.
     """
-    cupy = _import_cupy()
     functions = {}
-    with cupy.cuda.Device(device_index):
-        for file in ks.KERNEL_FILES:
-            var = ks.variant(file, dtype, head_dim)
-            module = cupy.RawModule(code=var.source, options=var.options)
-            for name in var.functions:
-                try:
-                    # .kernel compiles, loads the module on the current device -> Function.
-                    functions[name] = module.get_function(name).kernel
-                except Exception as exc:
-                    raise RuntimeError(
-                        f"CuPy could not build {file} ({dtype}, head_dim {head_dim}) for "
-                        f"CUDA device {device_index}: {exc} (CuPy needs the CUDA toolkit's "
-                        "NVRTC matching its cupy-cudaXXx wheel)"
-                    ) from exc
+    for file in ks.KERNEL_FILES:
+        functions.update(_compile(ks.variant(file, dtype, head_dim), device_index))
     return functions
+
+
+@cache
+def quant_launcher(dtype: torch.dtype, device: torch.device):
+    """``launch(name, grid, block, args)`` for the quantized-linear kernels of ``dtype``.
+
+    Compiles on the first call (make it outside graph capture: an eager step first); every
+    launch goes to ``torch.cuda.current_stream()`` of that moment.
+    """
+    cupy = _import_cupy()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fns = _compile(ks.quant_variant(_TORCH_DTYPES[dtype]), index)
+    streams = {}
+
+    def launch(name, grid, block, args):
+        ptr = torch.cuda.current_stream(index).cuda_stream
+        stream = streams.get(ptr)
+        if stream is None:
+            stream = streams[ptr] = cupy.cuda.ExternalStream(ptr, index)
+        fns[name](grid, block, args, stream=stream)
+
+    return launch
 
 
 class CudaPagedAttention:
