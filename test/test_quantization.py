@@ -236,3 +236,28 @@ def test_quantize_at_load(tiny_ckpt, quantization, cls):
         assert torch.equal(again.qweight, layer.qweight)
         rel = (layer.dequantize() - w).norm() / w.norm()
         assert rel < {'int8': 0.01, 'fp8': 0.04}.get(quantization, 0.15)
+
+
+def test_engine_quantization_option(tiny_ckpt):
+    from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
+
+    with pytest.raises(ValueError, match='quantization'):
+        EngineConfig(model_path=tiny_ckpt, quantization='int3')
+    engines = {q: LLMEngine(EngineConfig(model_path=tiny_ckpt, device='cpu', quantization=q,
+                                         block_order_seed=3))
+               for q in ('none', 'int8', 'int4')}
+    assert engines['none'].weight_format == 'float32'
+    assert engines['int4'].weight_format == 'at-load:int4'
+    sizes = {q: e.weight_bytes for q, e in engines.items()}
+    assert sizes['int4'] < sizes['int8'] < sizes['none']
+    # The decoder projections shrink 8x (fp32 -> int4 + fp32 scales per 64 columns).
+    tc = engines['none'].model.config.text
+    proj = tc.num_hidden_layers * (tc.hidden_size * (tc.num_attention_heads
+                                                     + 2 * tc.num_key_value_heads) * tc.head_dim
+                                   + tc.hidden_size * tc.num_attention_heads * tc.head_dim
+                                   + 3 * tc.hidden_size * tc.intermediate_size)
+    assert sizes['none'] - sizes['int4'] > 0.8 * proj * 4
+    for q, eng in engines.items():
+        res = eng.chat(eng.new_conversation(), 'Is the path clear?',
+                       sampling=SamplingParams(max_tokens=20, ignore_eos=True))
+        assert len(res.token_ids) == 20, q

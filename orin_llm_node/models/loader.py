@@ -19,8 +19,6 @@ from safetensors import safe_open
 import torch
 from torch import nn
 
-from orin_llm_node.quantization.checkpoint import LayerQuant, plan_quantization
-
 from .config import ModelLoadError, Qwen3VLConfig, load_config
 from .qwen3_vl import Qwen3VLForCausalLM
 
@@ -42,13 +40,13 @@ def checkpoint_to_param_name(name: str) -> str:
 
 def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "meta",
-                quantized: dict[str, LayerQuant] | None = None) -> Qwen3VLForCausalLM:
+                quantized: dict | None = None) -> Qwen3VLForCausalLM:
     """
     Build the model with uninitialised weights in ``dtype`` on ``device`` (``meta``: no memory).
 
     Rotary buffers stay fp32 whatever ``dtype`` is (the reference computes RoPE in fp32), and
-    so do quantized layers' scales. ``quantized`` maps our linear layer names to the quantized
-    layer that replaces them.
+    so do quantized layers' scales. ``quantized`` maps our linear layer names to the
+    :class:`~orin_llm_node.quantization.checkpoint.LayerQuant` that replaces them.
     """
     with torch.device("meta"):
         model = Qwen3VLForCausalLM(cfg)
@@ -137,6 +135,9 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     directory, a non-Qwen3-VL config, unreadable/truncated files, missing or unexpected tensors,
     shape mismatches and unsupported quantization formats.
     """
+    # Imported here: quantization.checkpoint itself imports this package's config module.
+    from orin_llm_node.quantization.checkpoint import plan_quantization
+
     model_dir = Path(model_dir)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"unsupported dtype {dtype} (float32, bfloat16 or float16)")

@@ -29,25 +29,18 @@ import torch
 
 from orin_llm_node.models.config import ModelLoadError
 
+from . import AT_LOAD_FORMATS
 from .base import QuantLinear
 from .fp8 import BLOCK, Fp8Linear, block_scales_to_rows
 from .int4 import Int4Linear, unpack_int4
 from .int8 import Int8Linear
 
 __all__ = [
-    "AT_LOAD_FORMATS",
     "LayerQuant",
     "QuantPlan",
     "plan_quantization",
 ]
 
-#: ``quantization`` values that quantize a float checkpoint at load -> (class, asymmetric).
-AT_LOAD_FORMATS = {
-    "int8": (Int8Linear, False),
-    "int4": (Int4Linear, False),
-    "int4_asym": (Int4Linear, True),
-    "fp8": (Fp8Linear, False),
-}
 #: Group size of quantize-at-load INT4 (layers with fewer input columns use one group per row).
 INT4_GROUP = 128
 #: Our module names that quantize-at-load converts: the text decoder's projections.
