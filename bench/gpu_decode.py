@@ -46,6 +46,8 @@ from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa
 import orin_llm_node.engine.llm_engine as llm_engine_module  # noqa: E402
 from orin_llm_node.models.config import load_config  # noqa: E402
 from orin_llm_node.models.loader import build_model  # noqa: E402
+from orin_llm_node.quantization import QuantLinear  # noqa: E402
+from orin_llm_node.quantization.checkpoint import plan_quantization  # noqa: E402
 from orin_llm_node.testing import tiny_checkpoint  # noqa: E402
 
 CONFIGS = REPO / "test" / "data" / "qwen3_vl_configs"
@@ -99,12 +101,29 @@ def init_random_(model: torch.nn.Module, seed: int = 0) -> None:
 _MODELS = {}
 
 
-def random_load_model(model_dir, dtype=torch.float32, device="cpu"):
-    """Stands in for ``loader.load_model``: same model, random weights, built on the GPU."""
-    key = (str(model_dir), dtype, str(device))
+def random_load_model(model_dir, dtype=torch.float32, device="cpu", quantization="none"):
+    """Stands in for ``loader.load_model``: same model, random weights, built on the GPU.
+
+    With ``quantization`` the decoder projections are quantized layers filled by rounding
+    random weights, 1024 rows at a time (as quantize-at-load would).
+    """
+    key = (str(model_dir), dtype, str(device), quantization)
     if key not in _MODELS:
-        model = build_model(load_config(model_dir), dtype, device)
+        cfg = load_config(model_dir)
+        with torch.device("meta"):
+            names = [n for n, m in build_model(cfg).named_modules()
+                     if isinstance(m, torch.nn.Linear)]
+        plan = plan_quantization(Path(model_dir), [], {n: n for n in names}, quantization)
+        model = build_model(cfg, dtype, device, plan.layers if plan else None)
+        model.weight_format = plan.description if plan else str(dtype).replace("torch.", "")
         init_random_(model)
+        gen = torch.Generator(device=device).manual_seed(1)
+        for m in model.modules():
+            if isinstance(m, QuantLinear):
+                for r in range(0, m.out_features, 1024):
+                    rows = min(1024, m.out_features - r)
+                    w = torch.empty(rows, m.in_features, device=device)
+                    m.quantize_from(w.normal_(0.0, 0.02, generator=gen), r)
         _MODELS[key] = model.eval()
     return _MODELS[key]
 
