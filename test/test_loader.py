@@ -11,7 +11,12 @@ from safetensors.torch import load_file, save_file
 import torch
 
 from orin_llm_node.models import ModelLoadError, load_config, load_model
-from orin_llm_node.models.loader import checkpoint_to_param_name
+from orin_llm_node.models.loader import (
+    checkpoint_names,
+    checkpoint_target,
+    checkpoint_to_param_name,
+    checkpoint_view,
+)
 
 META_FILES = ('config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json',
               'preprocessor_config.json', 'chat_template.jinja')
@@ -25,13 +30,13 @@ def copy_without_weights(src: Path, dst: Path) -> Path:
 
 
 def assert_matches_file(model, tensors: dict) -> None:
-    params = dict(model.named_parameters())
+    names = {hf for name, _ in model.named_parameters() for hf in checkpoint_names(name)}
     for key, t in tensors.items():
         name = checkpoint_to_param_name(key)
         if name == 'lm_head.weight' and model.config.tie_word_embeddings:
             continue
-        assert torch.equal(params[name], t), key
-    assert len(params) == len(tensors)
+        assert torch.equal(checkpoint_view(model, key), t), key
+    assert len(names) == len(tensors)
 
 
 def load_error(path) -> str:
@@ -164,3 +169,39 @@ def test_token_ids_from_config(tiny_ckpt):
 ])
 def test_tensor_name_mapping(key, name):
     assert checkpoint_to_param_name(key) == name
+
+
+@pytest.mark.parametrize('key, target, shard', [
+    ('model.language_model.layers.3.self_attn.q_proj.weight',
+     'language_model.layers.3.self_attn.qkv_proj.weight', 'q'),
+    ('model.language_model.layers.0.self_attn.v_proj.bias',
+     'language_model.layers.0.self_attn.qkv_proj.bias', 'v'),
+    ('model.language_model.layers.1.mlp.up_proj.weight',
+     'language_model.layers.1.mlp.gate_up_proj.weight', 1),
+    ('model.language_model.layers.1.mlp.down_proj.weight',
+     'language_model.layers.1.mlp.down_proj.weight', None),
+    ('model.visual.blocks.0.attn.qkv.weight', 'visual.blocks.0.attn.qkv.weight', None),
+])
+def test_merged_projection_targets(key, target, shard):
+    assert checkpoint_target(key) == (target, shard)
+
+
+def test_merged_projections_hold_the_checkpoint_tensors_in_order(tiny_ckpt):
+    """qkv_proj = [q; k; v] and gate_up_proj = [gate; up] along the output dim."""
+    tensors = load_file(tiny_ckpt / 'model.safetensors')
+    model = load_model(tiny_ckpt)
+    layer = model.language_model.layers[1]
+    pre = 'model.language_model.layers.1.'
+    assert torch.equal(layer.self_attn.qkv_proj.weight, torch.cat(
+        [tensors[pre + f'self_attn.{p}_proj.weight'] for p in 'qkv']))
+    assert torch.equal(layer.mlp.gate_up_proj.weight, torch.cat(
+        [tensors[pre + f'mlp.{p}_proj.weight'] for p in ('gate', 'up')]))
+
+
+def test_misshapen_shard_is_reported(tiny_ckpt, tmp_path):
+    tensors = load_file(tiny_ckpt / 'model.safetensors')
+    key = 'model.language_model.layers.0.self_attn.k_proj.weight'
+    bad = copy_without_weights(tiny_ckpt, tmp_path / 'kshape')
+    save_file({**tensors, key: tensors[key][:-1]}, str(bad / 'model.safetensors'))
+    msg = load_error(bad)
+    assert key in msg and 'the config implies' in msg

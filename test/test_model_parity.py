@@ -16,6 +16,7 @@ import torch
 
 from orin_llm_node.attention.base import causal_attention
 from orin_llm_node.attention.contiguous import ContiguousAttention
+from orin_llm_node.layers import rotary_embedding
 from orin_llm_node.models import load_model, qwen3_vl_text, qwen3_vl_vision
 from orin_llm_node.processing.rope_index import rope_positions
 
@@ -292,9 +293,9 @@ def test_mutation_interpolation_without_align_corners(tiny_ckpt, monkeypatch):
 
 
 def test_mutation_swap_mrope_h_w(tiny_ckpt, monkeypatch):
-    axis_map = qwen3_vl_text.mrope_axis_map
+    axis_map = rotary_embedding.mrope_axis_map
     # Swap which frequencies follow the H and the W axis.
-    monkeypatch.setattr(qwen3_vl_text, 'mrope_axis_map',
+    monkeypatch.setattr(rotary_embedding, 'mrope_axis_map',
                         lambda d, sec: (3 - axis_map(d, sec)) % 3)
     _mutated_model_fails(tiny_ckpt)
 

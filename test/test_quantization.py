@@ -22,13 +22,16 @@ from test_model_parity import LOGIT_TOL, build_prompt, our_logits, reference_log
 import torch
 
 from orin_llm_node.models import ModelLoadError, load_model
-from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear
+from orin_llm_node.models.loader import checkpoint_target, checkpoint_view
+from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear, QuantLinear
 from orin_llm_node.quantization.checkpoint import _unpack_dense
 from orin_llm_node.quantization.int4 import pack_int4, unpack_int4
 
 transformers = pytest.importorskip('transformers')
 ct = pytest.importorskip('compressed_tensors')
 
+# Quantized modules per decoder layer: qkv_proj, o_proj, gate_up_proj, down_proj.
+PROJECTIONS = 4
 PROMPTS = [
     [([], 'Is the path clear? Answer briefly.', None)],
     [([(96, 160)], 'What is in front of you?', None)],
@@ -108,6 +111,18 @@ CT_SCHEMES = {
 _made: dict = {}
 
 
+def quantized_layers(model) -> dict[str, QuantLinear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+
+
+def dequantized_view(model, ckpt_name: str) -> torch.Tensor:
+    """The dense rows our model holds for a checkpoint weight (merged layers: its shard)."""
+    target, shard_id = checkpoint_target(ckpt_name)
+    layer = model.get_submodule(target.rpartition('.')[0])
+    w = layer.quant.dequantize()
+    return w if shard_id is None else layer.shard(w, shard_id)
+
+
 def ct_ckpt(tiny_ckpt, ckpt_root, name) -> Path:
     if name not in _made:
         _made[name] = compressed_tensors_checkpoint(tiny_ckpt, ckpt_root / f'ct-{name}',
@@ -123,16 +138,19 @@ def test_compressed_tensors_logits_equal_reference(tiny_ckpt, ckpt_root, name):
     model = load_model(ckpt)
     scheme = CT_SCHEMES[name]
     cls = Int4Linear if scheme['bits'] == 4 else Int8Linear
-    projs = [m for n, m in model.named_modules() if n.endswith('_proj')]
-    assert len(projs) == 7 * model.config.text.num_hidden_layers
-    assert all(type(m) is cls and m.asymmetric != scheme['symmetric'] for m in projs)
-    assert not any(isinstance(m, cls) for m in model.visual.modules())  # ignored
+    layers = quantized_layers(model)
+    assert len(layers) == PROJECTIONS * model.config.text.num_hidden_layers
+    assert all(type(m) is cls and m.asymmetric != scheme['symmetric'] for m in layers.values())
+    assert all(n.startswith('language_model.layers.') for n in layers)  # visual, lm_head ignored
     ref = load_ct_reference(ckpt)
-    # The reference really is quantized: its weights differ from the float checkpoint's.
+    # The reference really is quantized: its weights differ from the float checkpoint's...
     dense = load_model(tiny_ckpt)
-    ref_w = ref.model.language_model.layers[0].mlp.up_proj.weight
-    assert not torch.equal(ref_w, dense.language_model.layers[0].mlp.up_proj.weight)
-    assert torch.equal(model.language_model.layers[0].mlp.up_proj.dequantize(), ref_w)
+    for part in ('self_attn.k_proj', 'mlp.up_proj', 'mlp.down_proj'):
+        tensor = f'model.language_model.layers.1.{part}.weight'
+        ref_w = ref.get_parameter(tensor)
+        assert not torch.equal(ref_w, checkpoint_view(dense, tensor))
+        # ... and ours, dequantised, are the same numbers.
+        assert torch.equal(dequantized_view(model, tensor), ref_w)
     for turns in PROMPTS:
         p = build_prompt(tiny_ckpt, turns)
         want = reference_logits(ref, p, model.config.image_token_id)
@@ -194,7 +212,11 @@ def test_fp8_checkpoint_equals_independent_dequantisation(make_ckpt, tmp_path, s
     ckpt, dense = fp8_checkpoint(src, tmp_path / 'fp8', scale_dtype)
     model = load_model(ckpt)
     assert model.weight_format == 'fp8:fp8'
-    assert isinstance(model.language_model.layers[0].self_attn.k_proj, Fp8Linear)
+    layers = quantized_layers(model)
+    assert len(layers) == PROJECTIONS * model.config.text.num_hidden_layers
+    assert all(isinstance(m, Fp8Linear) for m in layers.values())
+    for name, w in dense.items():
+        assert torch.equal(dequantized_view(model, name), w), name
     ref = transformers.Qwen3VLForConditionalGeneration.from_pretrained(
         src, dtype=torch.float32).eval()
     state = ref.state_dict()
@@ -225,15 +247,18 @@ def test_quantize_at_load(tiny_ckpt, quantization, cls):
     dense = load_model(tiny_ckpt)
     model = load_model(tiny_ckpt, quantization=quantization)
     assert model.weight_format == f'at-load:{quantization}'
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, cls)}
-    assert len(layers) == 7 * model.config.text.num_hidden_layers
-    assert all(n.startswith('language_model.layers.') for n in layers)
+    layers = quantized_layers(model)
+    assert len(layers) == PROJECTIONS * model.config.text.num_hidden_layers
+    assert all(type(m) is cls and n.startswith('language_model.layers.')
+               for n, m in layers.items())
     for name, layer in layers.items():
-        w = dense.get_submodule(name).weight
+        owner = model.get_submodule(name.rpartition('.')[0])
+        w = dense.get_submodule(name.rpartition('.')[0]).weight
         again = cls(layer.in_features, layer.out_features, group_size=layer.group_size,
                     asymmetric=layer.asymmetric)
-        again.quantize_from(w)  # deterministic: the same codes every time
-        assert torch.equal(again.qweight, layer.qweight)
+        for offset, size in owner.shards.values():  # each checkpoint part on its own rows
+            again.quantize_from(w[offset:offset + size], offset)
+        assert torch.equal(again.qweight, layer.qweight)  # deterministic round-to-nearest
         rel = (layer.dequantize() - w).norm() / w.norm()
         assert rel < {'int8': 0.01, 'fp8': 0.04}.get(quantization, 0.15)
 

@@ -8,12 +8,12 @@ and a second opinion for the paged backends.
 
 import torch
 
-from .base import causal_attention
+from .base import AttentionBackend, causal_attention
 
 __all__ = ["ContiguousAttention"]
 
 
-class ContiguousAttention:
+class ContiguousAttention(AttentionBackend):
     """One growing K/V tensor pair per layer for a single sequence."""
 
     def __init__(self, num_layers: int) -> None:

@@ -31,7 +31,7 @@ import torch
 
 from orin_llm_node import kernel_sources as ks
 
-from .base import causal_attention
+from .base import AttentionBackend, causal_attention
 
 __all__ = ["CudaPagedAttention", "cupy_available", "load_kernels", "quant_launcher"]
 
@@ -118,7 +118,7 @@ def quant_launcher(dtype: torch.dtype, device: torch.device):
     return launch
 
 
-class CudaPagedAttention:
+class CudaPagedAttention(AttentionBackend):
     """Attention backend over the runner's KV tensor ``[layers, 2, blocks, block_size, Hkv, D]``.
 
     Same protocol as :class:`~orin_llm_node.attention.torch_backend.TorchPagedAttention`: the

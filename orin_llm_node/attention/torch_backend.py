@@ -9,12 +9,12 @@ attended with the bottom-right causal mask of ``attention.base.causal_attention`
 
 import torch
 
-from .base import causal_attention
+from .base import AttentionBackend, causal_attention, gather_kv
 
 __all__ = ["TorchPagedAttention"]
 
 
-class TorchPagedAttention:
+class TorchPagedAttention(AttentionBackend):
     """Attention backend over the runner's KV tensor ``[layers, 2, blocks, block_size, Hkv, D]``.
 
     The runner calls ``prepare(...)`` before every model call; the decoder layers then call
@@ -41,12 +41,7 @@ class TorchPagedAttention:
         num_prefix: int,
         num_new: int,
     ) -> None:
-        """Set the metadata of the next model call.
-
-        ``slot_mapping [num_new]``: flat KV slot (block * block_size + offset) of each new token;
-        ``block_table``: the sequence's block ids (at least ``ceil(context / block_size)``);
-        ``num_prefix``: tokens already in the cache before the new ones.
-        """
+        """Set the metadata of the next model call (see ``AttentionBackend.prepare``)."""
         self._slots = slot_mapping[:num_new]
         self._num_prefix = num_prefix
         self._context = num_prefix + num_new
@@ -62,9 +57,7 @@ class TorchPagedAttention:
         flat = layer.view(2, -1, hkv, d)
         flat[0].index_copy_(0, self._slots, k.to(layer.dtype))
         flat[1].index_copy_(0, self._slots, v.to(layer.dtype))
-        # index_select, not layer[0, blocks]: mixed basic/advanced indexing is ~1000x slower.
-        keys = layer[0].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
-        values = layer[1].index_select(0, self._blocks).view(-1, hkv, d)[: self._context]
+        keys, values = gather_kv(layer, self._blocks, self._context)
         if q.shape[0] == 1:
             return _single_query_attention(q, keys, values)
         return causal_attention(q, keys, values, self._num_prefix)

@@ -10,6 +10,11 @@ Quantized weights (``orin_llm_node.quantization``): the plan -- which linear lay
 INT8 / INT4 / FP8, from the checkpoint's ``quantization_config`` or quantized as they are read
 -- is made from the tensor names before anything is allocated; those layers are swapped for
 their quantized modules on the ``meta`` device, so no dense copy of them ever exists.
+
+The checkpoint keeps the Hugging Face layout (separate ``q_proj``/``k_proj``/``v_proj`` and
+``gate_proj``/``up_proj``); the decoder holds them merged (``qkv_proj``, ``gate_up_proj``), so
+each of those tensors goes to its merged module's ``weight_loader`` with a shard id
+(``models.qwen3_vl_text.PACKED_MODULES``), as in nano-vllm.
 """
 
 import json
@@ -19,10 +24,22 @@ from safetensors import safe_open
 import torch
 from torch import nn
 
+from orin_llm_node.layers import LinearBase
+from orin_llm_node.quantization.linear_method import quant_part, quantize_module
+
 from .config import ModelLoadError, Qwen3VLConfig, load_config
 from .qwen3_vl import Qwen3VLForCausalLM
+from .qwen3_vl_text import PACKED_MODULES
 
-__all__ = ["ModelLoadError", "build_model", "checkpoint_to_param_name", "load_model"]
+__all__ = [
+    "ModelLoadError",
+    "build_model",
+    "checkpoint_names",
+    "checkpoint_target",
+    "checkpoint_to_param_name",
+    "checkpoint_view",
+    "load_model",
+]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -36,6 +53,47 @@ def checkpoint_to_param_name(name: str) -> str:
         if name.startswith(prefix):
             return ours + name[len(prefix):]
     return name
+
+
+def checkpoint_target(name: str) -> tuple[str, object]:
+    """Our parameter holding checkpoint tensor ``name``, and its shard id (None: the whole)."""
+    name = checkpoint_to_param_name(name)
+    if name.startswith("language_model."):
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in PACKED_MODULES:
+            merged, shard_id = PACKED_MODULES[parts[-2]]
+            return ".".join((*parts[:-2], merged, parts[-1])), shard_id
+    return name, None
+
+
+def checkpoint_names(param_name: str) -> list[str]:
+    """The checkpoint-side (unmerged) names a parameter of ours is loaded from."""
+    parts = param_name.split(".")
+    if param_name.startswith("language_model.") and len(parts) >= 2:
+        sources = [hf for hf, (merged, _) in PACKED_MODULES.items() if merged == parts[-2]]
+        if sources:
+            return [".".join((*parts[:-2], hf, parts[-1])) for hf in sources]
+    return [param_name]
+
+
+def checkpoint_view(model: nn.Module, name: str) -> torch.Tensor:
+    """The part of ``model``'s parameters that holds checkpoint tensor ``name`` (a view)."""
+    target, shard_id = checkpoint_target(name)
+    param = model.get_parameter(target)
+    if shard_id is None:
+        return param
+    return model.get_submodule(target.rsplit(".", 1)[0]).shard(param, shard_id)
+
+
+def _load_tensor(model: nn.Module, param: torch.Tensor, target: str, shard_id,
+                 tensor: torch.Tensor) -> None:
+    if shard_id is None:
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(f"has shape {list(tensor.shape)}, the config implies "
+                             f"{list(param.shape)}")
+        param.copy_(tensor)  # per-tensor read from the mmap + cast
+        return
+    model.get_submodule(target.rsplit(".", 1)[0]).weight_loader(param, tensor, shard_id)
 
 
 def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
@@ -52,8 +110,7 @@ def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
         model = Qwen3VLForCausalLM(cfg)
     for name, lq in (quantized or {}).items():
         parent, _, attr = name.rpartition(".")
-        owner = model.get_submodule(parent)
-        setattr(owner, attr, lq.make(getattr(owner, attr)))
+        quantize_module(model.get_submodule(parent), attr, lq.make)
     device = torch.device(device)
     for module in model.modules():
         for name, p in module._parameters.items():
@@ -111,15 +168,31 @@ def _checkpoint_keys(files: dict[Path, set[str] | None]) -> list[str]:
 
 
 def _checkpoint_linears(cfg: Qwen3VLConfig, keys: list[str]) -> dict[str, str]:
-    """Checkpoint module name -> our module name, for the checkpoint's linear layers."""
+    """Checkpoint module name -> our (possibly merged) linear module holding it."""
     with torch.device("meta"):
-        ours = {n for n, m in Qwen3VLForCausalLM(cfg).named_modules() if isinstance(m, nn.Linear)}
+        ours = {n for n, m in Qwen3VLForCausalLM(cfg).named_modules()
+                if isinstance(m, nn.Linear | LinearBase)}
     linears = {}
     for key in keys:
-        module = checkpoint_to_param_name(key).rpartition(".")[0]
+        module = checkpoint_target(key)[0].rpartition(".")[0]
         if module in ours:
             linears[key.rpartition(".")[0]] = module
     return linears
+
+
+def _quantized_modules(model_dir: Path, plan, linears: dict[str, str]) -> dict:
+    """Our module -> LayerQuant; every part of a merged module must share one format."""
+    quantized, parts = {}, {}
+    for ckpt, ours in linears.items():
+        parts.setdefault(ours, []).append(plan.layers.get(ckpt))
+    for ours, kinds in parts.items():
+        if any(k is not None for k in kinds):
+            if len(set(kinds)) != 1:
+                raise ModelLoadError(f"{model_dir}: the parts of {ours} are stored in different "
+                                     "formats (quantized and not, or two schemes); they share "
+                                     "one merged layer here")
+            quantized[ours] = kinds[0]
+    return quantized
 
 
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
@@ -146,13 +219,14 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     all_keys = _checkpoint_keys(files)
     linears = _checkpoint_linears(cfg, all_keys)
     plan = plan_quantization(model_dir, all_keys, linears, quantization)
-    quantized = {linears[m]: lq for m, lq in plan.layers.items()} if plan else {}
+    quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
     if "lm_head" in quantized and cfg.tie_word_embeddings:
         raise ModelLoadError(f"{model_dir}: a quantized lm_head with tied embeddings is not "
                              "supported")
     model = build_model(cfg, dtype, device, quantized)
     model.weight_format = plan.description if plan else str(dtype).replace("torch.", "")
     params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
+    expected = {hf for name in params for hf in checkpoint_names(name)}
     loaded, unexpected = set(), []
     for path, promised in files.items():
         try:
@@ -166,24 +240,23 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                 for key in sorted(keys):
                     role = plan.tensor_role(key) if plan else None
                     if role is not None:
-                        layer = model.get_submodule(linears[role[0]])
-                        if plan.add(*role, f.get_tensor(key), layer):
+                        layer, row0 = quant_part(model.get_submodule(linears[role[0]]),
+                                                 checkpoint_target(key)[1])
+                        if plan.add(*role, f.get_tensor(key), layer, row0):
                             loaded.add(role[0])
                         continue
                     name = checkpoint_to_param_name(key)
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # some tied checkpoints store a copy; the embedding wins
-                    param = params.get(name)
-                    if param is None:
+                    target, shard_id = checkpoint_target(key)
+                    param = params.get(target)
+                    if param is None or name not in expected:
                         unexpected.append(key)
                         continue
-                    shape = tuple(f.get_slice(key).get_shape())
-                    if shape != tuple(param.shape):
-                        raise ModelLoadError(
-                            f"{path.name}: tensor {key} has shape {list(shape)}, the config "
-                            f"implies {list(param.shape)}"
-                        )
-                    param.copy_(f.get_tensor(key))  # per-tensor read from the mmap + cast
+                    try:
+                        _load_tensor(model, param, target, shard_id, f.get_tensor(key))
+                    except ValueError as e:
+                        raise ModelLoadError(f"{path.name}: tensor {key} {e}") from None
                     loaded.add(name)
         except ModelLoadError:
             raise
@@ -191,7 +264,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
             raise ModelLoadError(f"{path}: cannot read safetensors ({e})") from None
     if unexpected:
         raise ModelLoadError(f"{model_dir}: unexpected tensors: {_names(unexpected)}")
-    missing = (set(params) - loaded) | (set(plan.layers) - loaded if plan else set())
+    missing = (expected - loaded) | (set(plan.layers) - loaded if plan else set())
     if missing:
         raise ModelLoadError(f"{model_dir}: missing tensors: {_names(missing)}")
     return model

@@ -58,12 +58,10 @@ class LayerQuant:
     asymmetric: bool
     source: str  # "at-load", "compressed-tensors" or "fp8"
 
-    def make(self, linear: torch.nn.Linear) -> QuantLinear:
-        """The quantized layer replacing ``linear`` (on ``linear``'s device, e.g. meta)."""
-        group = self.group_size or linear.in_features
-        return self.cls(linear.in_features, linear.out_features, group_size=group,
-                        bias=linear.bias is not None, asymmetric=self.asymmetric,
-                        device=linear.weight.device)
+    def make(self, in_features: int, out_features: int, bias: bool = False) -> QuantLinear:
+        """A quantized layer of this shape (on the current default device)."""
+        return self.cls(in_features, out_features, group_size=self.group_size or in_features,
+                        bias=bias, asymmetric=self.asymmetric)
 
 
 def _hf_module(key: str, suffixes: tuple[str, ...]) -> str | None:
