@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 import orin_llm_node.engine.llm_engine as llm_engine_module  # noqa: E402
 from orin_llm_node.models.config import load_config  # noqa: E402
-from orin_llm_node.models.loader import build_model  # noqa: E402
+from orin_llm_node.models.loader import build_model, linear_module_names  # noqa: E402
 from orin_llm_node.quantization import QuantLinear  # noqa: E402
 from orin_llm_node.quantization.checkpoint import plan_quantization  # noqa: E402
 from orin_llm_node.testing import tiny_checkpoint  # noqa: E402
@@ -110,9 +110,7 @@ def random_load_model(model_dir, dtype=torch.float32, device="cpu", quantization
     key = (str(model_dir), dtype, str(device), quantization)
     if key not in _MODELS:
         cfg = load_config(model_dir)
-        with torch.device("meta"):
-            names = [n for n, m in build_model(cfg).named_modules()
-                     if isinstance(m, torch.nn.Linear)]
+        names = linear_module_names(cfg)
         plan = plan_quantization(Path(model_dir), [], {n: n for n in names}, quantization)
         model = build_model(cfg, dtype, device, plan.layers if plan else None)
         model.weight_format = plan.description if plan else str(dtype).replace("torch.", "")

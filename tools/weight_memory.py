@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orin_llm_node.models import build_model, load_config  # noqa: E402
+from orin_llm_node.models.loader import linear_module_names  # noqa: E402
 from orin_llm_node.quantization.checkpoint import plan_quantization  # noqa: E402
 
 CONFIGS = REPO / 'test' / 'data' / 'qwen3_vl_configs'
@@ -47,9 +48,7 @@ def measure(size: str, quantization: str) -> dict:
         src = json.loads((CONFIGS / f'qwen3-vl-{size}-instruct.config.json').read_text())
         (Path(tmp) / 'config.json').write_text(json.dumps(src))
         cfg = load_config(tmp)
-        with torch.device('meta'):
-            names = [n for n, m in build_model(cfg).named_modules()
-                     if isinstance(m, torch.nn.Linear)]
+        names = linear_module_names(cfg)
         plan = plan_quantization(Path(tmp), [], {n: n for n in names}, quantization)
     model = build_model(cfg, torch.bfloat16, 'meta', plan.layers if plan else None)
     vision = _bytes(model.visual.parameters())

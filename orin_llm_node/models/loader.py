@@ -38,6 +38,7 @@ __all__ = [
     "checkpoint_target",
     "checkpoint_to_param_name",
     "checkpoint_view",
+    "linear_module_names",
     "load_model",
 ]
 
@@ -167,11 +168,16 @@ def _checkpoint_keys(files: dict[Path, set[str] | None]) -> list[str]:
     return keys
 
 
+def linear_module_names(cfg: Qwen3VLConfig) -> set[str]:
+    """Our linear layers (``nn.Linear`` or merged ``LinearBase``): what may be quantized."""
+    with torch.device("meta"):
+        return {n for n, m in Qwen3VLForCausalLM(cfg).named_modules()
+                if isinstance(m, nn.Linear | LinearBase)}
+
+
 def _checkpoint_linears(cfg: Qwen3VLConfig, keys: list[str]) -> dict[str, str]:
     """Checkpoint module name -> our (possibly merged) linear module holding it."""
-    with torch.device("meta"):
-        ours = {n for n, m in Qwen3VLForCausalLM(cfg).named_modules()
-                if isinstance(m, nn.Linear | LinearBase)}
+    ours = linear_module_names(cfg)
     linears = {}
     for key in keys:
         module = checkpoint_target(key)[0].rpartition(".")[0]

@@ -295,4 +295,6 @@ def plan_quantization(model_dir: Path, keys: list[str], linears: dict[str, str],
     group = INT4_GROUP if cls is Int4Linear else (BLOCK if cls is Fp8Linear else None)
     lq = LayerQuant(cls, group, asym, "at-load")
     layers = {m: lq for m, ours in linears.items() if _DECODER_PROJ.match(ours)}
+    if not layers:
+        raise ModelLoadError(f"{model_dir}: no decoder projections found to quantize")
     return QuantPlan(layers, f"at-load:{quantization}")
