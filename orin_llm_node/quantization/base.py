@@ -146,9 +146,11 @@ class QuantLinear(nn.Module, ABC):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b`` for ``x [..., in]`` in any float dtype."""
-        if (x.is_cuda or self.launch is not None) and self.kernel_supported():
-            from .kernels import quant_linear
+        if self.kernel_supported():
+            from .kernels import launcher_for, quant_linear
 
-            return quant_linear(self, x)
+            launch = self.launch or launcher_for(x)
+            if launch is not None:
+                return quant_linear(self, x, launch)
         return F.linear(x, self.dequantize(x.dtype),
                         None if self.bias is None else self.bias.to(x.dtype))

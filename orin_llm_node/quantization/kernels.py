@@ -10,6 +10,7 @@ of this path has not been measured.) Both are graph-safe: they allocate from tor
 allocator and launch on the current stream.
 """
 
+from functools import cache
 import math
 
 import numpy as np
@@ -20,7 +21,7 @@ from orin_llm_node import kernel_sources as ks
 
 from .base import QuantLinear
 
-__all__ = ["GEMV_MAX_ROWS", "quant_linear"]
+__all__ = ["GEMV_MAX_ROWS", "launcher_for", "quant_linear"]
 
 #: Most activation rows the GEMV serves; beyond, dequantise + matmul (the GEMV re-reads the
 #: weight once per row).
@@ -29,16 +30,24 @@ _THREADS = ks.GEMV_WARPS * 32
 _DTYPES = {torch.float16, torch.bfloat16, torch.float32}
 
 
-def _launcher(layer: QuantLinear, x: torch.Tensor):
-    if layer.launch is not None:
-        return layer.launch
+@cache
+def _cupy_available() -> bool:
+    from orin_llm_node.attention.cuda_backend import cupy_available
+
+    return cupy_available()
+
+
+def launcher_for(x: torch.Tensor):
+    """The CuPy kernels' ``launch`` for a CUDA tensor of a kernel dtype, else None (torch)."""
+    if not x.is_cuda or x.dtype not in _DTYPES or not _cupy_available():
+        return None
     from orin_llm_node.attention.cuda_backend import quant_launcher
 
     return quant_launcher(x.dtype, x.device)
 
 
-def quant_linear(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` with the CUDA kernels (``layer.launch`` overrides CuPy, e.g. an emulator)."""
+def quant_linear(layer: QuantLinear, x: torch.Tensor, launch) -> torch.Tensor:
+    """``layer(x)`` with the kernels run by ``launch(name, grid, block, args)``."""
     if x.dtype not in _DTYPES:
         raise TypeError(f"quantized linear layers take float16/bfloat16/float32, got {x.dtype}")
     n, k = layer.out_features, layer.in_features
@@ -47,7 +56,6 @@ def quant_linear(layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     if not x2.is_contiguous() or x2.data_ptr() % 16:
         x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
     rows = x2.shape[0]
-    launch = _launcher(layer, x)
     zeros = layer.zero.data_ptr() if layer.zero is not None else 0
     shape = (np.int32(n), np.int32(k), np.int32(layer.num_groups), np.int32(layer.group_size))
     bias = None if layer.bias is None else layer.bias.to(x.dtype)
