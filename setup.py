@@ -2,13 +2,30 @@
 # SPDX-License-Identifier: Apache-2.0
 """ament_python package definition (works with `colcon build` and with `pip install .`)."""
 
-from glob import glob
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 PACKAGE = 'orin_llm_node'
 HERE = Path(__file__).resolve().parent
+
+
+def _package_data():
+    """Every non-Python file inside the package tree (demo checkpoint, templates, ...).
+
+    Listed file by file (no ``**`` globs: Humble's setuptools 59 lacks them), so a file added
+    anywhere under the package, subpackages included, is installed without editing this file.
+    """
+    root = HERE / PACKAGE
+    return sorted(
+        p.relative_to(root).as_posix() for p in root.rglob('*')
+        if p.is_file() and p.suffix not in ('.py', '.pyc') and '__pycache__' not in p.parts)
+
+
+def _share(folder):
+    """``data_files`` entry installing every file of ``folder`` to share/<package>/<folder>."""
+    files = sorted(f'{folder}/{p.name}' for p in (HERE / folder).iterdir() if p.is_file())
+    return (f'share/{PACKAGE}/{folder}', files)
 
 
 def _requirements(name):
@@ -21,13 +38,15 @@ setup(
     name=PACKAGE,
     version='0.1.0',
     packages=find_packages(exclude=['test', 'test.*']),
-    package_data={PACKAGE: ['demo_model/*']},
+    # Run-time files: package data beside the modules, the rest in share/ where ament_index and
+    # orin_llm_node.package_files find them (never in the source tree).
+    package_data={PACKAGE: _package_data()},
     data_files=[
         ('share/ament_index/resource_index/packages', [f'resource/{PACKAGE}']),
         (f'share/{PACKAGE}', ['package.xml']),
-        (f'share/{PACKAGE}/launch', glob('launch/*.launch.py')),
-        (f'share/{PACKAGE}/config', glob('config/*.yaml') + glob('config/*.xml')),
-        (f'share/{PACKAGE}/cuda_kernels', glob('cuda_kernels/*.cu*')),
+        _share('launch'),
+        _share('config'),
+        _share('cuda_kernels'),
     ],
     # Only setuptools here, as in ros2/examples: colcon-generated entry points check
     # install_requires at start-up, and on a robot numpy/OpenCV/torch come from apt or JetPack,
@@ -39,7 +58,8 @@ setup(
         'cuda': _requirements('cuda'),
         'test': _requirements('test'),
     },
-    zip_safe=True,
+    # The package reads its data files from disk next to the modules.
+    zip_safe=False,
     maintainer='orin_llm_node maintainers',
     maintainer_email='maintainers@orin-llm-node.dev',
     description='Qwen3-VL on the robot: a ROS 2 node with a paged KV-cache engine.',

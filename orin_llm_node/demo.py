@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from orin_llm_node.package_files import share_dir
+
 PROMPT = 'What colour is the shape?'
 NAMESPACE = '/orin_llm_demo'
 
@@ -49,12 +51,9 @@ def node_command(max_new_tokens):
     """The node executable (the console script if installed) with the demo's arguments."""
     exe = Path(sys.executable).with_name('orin_llm_node')
     cmd = [str(exe)] if exe.is_file() else [sys.executable, '-m', 'orin_llm_node.node']
-    cmd += ['--ros-args', '-r', f'__ns:={NAMESPACE}',
+    config = share_dir() / 'config' / 'orin_llm.yaml'
+    cmd += ['--ros-args', '--params-file', str(config), '-r', f'__ns:={NAMESPACE}',
             '-p', f'max_new_tokens:={max_new_tokens}']
-    config = Path(__file__).resolve().parents[1] / 'config' / 'orin_llm.yaml'
-    if config.is_file():
-        cmd[cmd.index('--ros-args') + 1:cmd.index('--ros-args') + 1] = ['--params-file',
-                                                                         str(config)]
     return cmd
 
 

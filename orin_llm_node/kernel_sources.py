@@ -18,7 +18,8 @@ sees every edit of the shared header.
 from dataclasses import dataclass
 from pathlib import Path
 import re
-import sys
+
+from orin_llm_node.package_files import share_dir
 
 __all__ = [
     "DTYPE_IDS",
@@ -36,8 +37,6 @@ __all__ = [
     "runtime_variants",
     "variant",
 ]
-
-PACKAGE = "orin_llm_node"
 
 #: Element types of activations / KV cache (torch dtype names) -> ``KV_DTYPE_ID``.
 DTYPE_IDS = {"float16": 0, "bfloat16": 1, "float32": 2}
@@ -69,29 +68,8 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
 def kernels_dir() -> Path:
-    """The ``cuda_kernels`` directory: the repository checkout's, else the installed copy.
-
-    Installed (``pip install .`` or ``colcon build``) the sources sit in
-    ``<prefix>/share/orin_llm_node/cuda_kernels``; the prefix comes from ament_index (when
-    sourced), from this file's site-packages location, or from ``sys.prefix``.
-    """
-    here = Path(__file__).resolve().parent
-    candidates = [here.parent / "cuda_kernels"]
-    try:
-        from ament_index_python.packages import get_package_share_directory
-
-        candidates.append(Path(get_package_share_directory(PACKAGE)) / "cuda_kernels")
-    except Exception:  # not importable, or the package is not on AMENT_PREFIX_PATH
-        pass
-    # <prefix>/lib/pythonX.Y/site-packages/orin_llm_node/kernel_sources.py
-    if len(here.parents) >= 4:
-        candidates.append(here.parents[3] / "share" / PACKAGE / "cuda_kernels")
-    candidates.append(Path(sys.prefix) / "share" / PACKAGE / "cuda_kernels")
-    for cand in candidates:
-        if (cand / "common.cuh").is_file():
-            return cand
-    tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(f"cuda_kernels sources not found (tried {tried})")
+    """The ``cuda_kernels`` directory of this copy of the package (checkout or install)."""
+    return share_dir() / "cuda_kernels"
 
 
 def _read_inlined(path: Path) -> str:

@@ -39,10 +39,10 @@ from std_srvs.srv import Trigger
 
 from orin_llm_node import ros_image
 from orin_llm_node.diagnostics import DiagnosticsMonitor, GenerationInfo
+from orin_llm_node.package_files import DEMO_MODEL_DIR
 
 NODE_NAME = 'orin_llm'
 MAX_PROMPT_CHARS = 100_000
-DEMO_MODEL_DIR = Path(__file__).resolve().parent / 'demo_model'
 
 
 class ParameterError(ValueError):
@@ -682,6 +682,7 @@ class OrinLLMNode(Node):
             return None
 
     def _answer(self, request):
+        from orin_llm_node.engine import FinishReason
         self.info.requests += 1
         rgb = self._decode_image(request.image) if request.image is not None else None
         images = [rgb] if rgb is not None else []
@@ -723,7 +724,7 @@ class OrinLLMNode(Node):
             + (f', {result.dropped_turns} old turn(s) dropped' if result.dropped_turns else '')
             + ')')
         # rclpy loggers insist on one severity per call site: two calls, not one variable.
-        if finish in ('kv_exhausted', 'context_full', 'timeout'):
+        if finish in FinishReason.LIMITS:
             self.get_logger().warning(summary)
         else:
             self.get_logger().info(summary)

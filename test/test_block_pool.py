@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from orin_llm_node.engine import BlockPool, EngineConfig, SamplingParams
-from orin_llm_node.engine.block_pool import block_hash
+from orin_llm_node.engine.block_hash import block_hash, extra_keys
 from orin_llm_node.engine.detokenizer import IncrementalDetokenizer
+from orin_llm_node.engine.kv_manager import drop_levels
 from orin_llm_node.engine.sampler import Sampler
-from orin_llm_node.engine.scheduler import drop_levels, extra_keys
 from orin_llm_node.engine.vision_cache import VisionCache
 from orin_llm_node.models import VisionOutput
 from orin_llm_node.processing import Tokenizer
 
 
 def counts(pool):
-    s = pool.stats()
-    assert s.free_blocks + s.cached_blocks + s.used_blocks == s.total_blocks
-    return s.free_blocks, s.cached_blocks, s.used_blocks
+    free, cached, used = pool.num_free, pool.num_cached, pool.num_used
+    assert free + cached + used == pool.num_blocks
+    return free, cached, used
 
 
 def test_allocate_release_counts_and_exhaustion():

@@ -11,13 +11,14 @@ pytest.importorskip('diagnostic_msgs.msg')
 from orin_llm_node import diagnostics as diag  # noqa: E402
 from orin_llm_node.diagnostics import ERROR, OK, WARN, DiagnosticsMonitor, GenerationInfo  # noqa: E402
 from orin_llm_node.engine.block_pool import BlockPool  # noqa: E402
+from orin_llm_node.engine.kv_manager import KVCacheManager  # noqa: E402
 
 
 def _stats(**changes):
     pool = BlockPool(num_blocks=100, block_size=16, bytes_per_block=16384)
     blocks = [pool.allocate() for _ in range(10)]
     assert None not in blocks
-    return dataclasses.replace(pool.stats(), **changes)
+    return dataclasses.replace(KVCacheManager(pool, max_model_len=64).stats(), **changes)
 
 
 def _values(status):

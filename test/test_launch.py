@@ -6,6 +6,8 @@ Needs the package installed where ``ros2 launch`` finds it (``colcon build`` and
 workspace, or an ament prefix that holds ``lib/orin_llm_node/orin_llm_node``) and the
 ``launch_testing`` stack; skips cleanly where ``launch_testing`` is absent.  Run it with
 ``launch_test test/test_launch.py`` or through pytest (the launch_testing plugin collects it).
+It tests the copy of the package it imports: the installed one after ``source
+install/setup.bash``, the checkout's with the checkout first on ``PYTHONPATH`` (README).
 """
 
 import os
@@ -27,28 +29,31 @@ import rclpy  # noqa: E402
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from std_msgs.msg import Bool, String  # noqa: E402
 
+from orin_llm_node.package_files import share_dir  # noqa: E402
 from orin_llm_node.testing import make_tiny_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.launch, pytest.mark.ros]
 
-REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = 'launch_test'
 TIMEOUT_S = 120.0
 
 
 @pytest.mark.launch_test
 def generate_test_description():
-    """The package's launch file with a tiny checkpoint and the repository's YAML."""
+    """The package's launch file with a tiny checkpoint and the package's YAML."""
     # Same isolation as test/conftest.py, for runs through `launch_test` without it.
     os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
     os.environ['ROS_LOCALHOST_ONLY'] = '1'
     os.environ.setdefault('ROS_DOMAIN_ID', str(10 + os.getpid() % 90))
     ckpt = make_tiny_checkpoint(Path(tempfile.mkdtemp(prefix='orin_llm_launch_')) / 'tiny')
+    # The files of the copy under test: the checkout's when orin_llm_node is imported from it,
+    # the install's share/ when only the colcon-built package is on the path.
+    share = share_dir()
     include = IncludeLaunchDescription(
-        PythonLaunchDescriptionSource(str(REPO / 'launch' / 'orin_llm.launch.py')),
+        PythonLaunchDescriptionSource(str(share / 'launch' / 'orin_llm.launch.py')),
         launch_arguments={
             'namespace': NAMESPACE,
-            'params_file': str(REPO / 'config' / 'orin_llm.yaml'),
+            'params_file': str(share / 'config' / 'orin_llm.yaml'),
             'model_path': str(ckpt),
             'device': 'cpu',
             'max_new_tokens': '8',

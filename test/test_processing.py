@@ -310,7 +310,7 @@ def test_special_ids_from_checkpoint(tiny_ckpt, tok, ref_tok):
     assert ref_tok.eos_token_id in tok.eos_ids
     # The tiny tokenizer's ids differ from the real ones (151655 & co), so nothing is hard-coded.
     assert tok.image_pad_id != 151655 and tok.im_end_id != 151645
-    assert tok.token_to_id("<|endoftext|>") == ref_tok.convert_tokens_to_ids("<|endoftext|>")
+    assert tok.token_id("<|endoftext|>") == ref_tok.convert_tokens_to_ids("<|endoftext|>")
     assert tok.vocab_size == len(ref_tok)
     with pytest.raises(ValueError, match="no token"):
         tok.token_id("<|not_a_token|>")

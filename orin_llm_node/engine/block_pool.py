@@ -11,50 +11,7 @@ so allocation evicts the least recently released cached block only when nothing 
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
-import hashlib
 import random
-
-import numpy as np
-
-
-def block_hash(parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> bytes:
-    """Chained hash of one full block: H(parent hash, token ids, extra keys).
-
-    ``extra_keys`` names every image overlapping the block as (image content hash, offset of
-    the image's first token relative to the block's first token), so two different images with
-    identical placeholder ids never share a block.
-    """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"\0" * 16)
-    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
-    for key, offset in extra_keys:
-        h.update(key)
-        h.update(int(offset).to_bytes(8, "little", signed=True))
-    return h.digest()
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    """A snapshot of the block pool and of every exhaustion-ladder counter."""
-
-    total_blocks: int
-    free_blocks: int
-    cached_blocks: int
-    used_blocks: int
-    block_size: int
-    bytes_per_block: int
-    usage_pct: float
-    prefix_hits: int
-    prefix_misses: int
-    prefix_hit_rate: float
-    evictions: int
-    exhaustion_events: int
-    truncated_generations: int
-    rejected_prompts: int
-    dropped_turns: int
-    vision_cache_hits: int
-    vision_cache_misses: int
 
 
 class BlockPool:
@@ -81,16 +38,7 @@ class BlockPool:
             random.Random(order_seed).shuffle(order)
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(order)
         self._num_cached = 0
-        # Counters (monotonic); the engine bumps the ladder ones.
-        self.prefix_hits = 0
-        self.prefix_misses = 0
-        self.evictions = 0
-        self.exhaustion_events = 0
-        self.truncated_generations = 0
-        self.rejected_prompts = 0
-        self.dropped_turns = 0
-        self.vision_cache_hits = 0
-        self.vision_cache_misses = 0
+        self.evictions = 0  # cached blocks handed out again (their hash forgotten)
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -99,6 +47,21 @@ class BlockPool:
         """Blocks that ``allocate`` can hand out (free + cached)."""
         return len(self._free)
 
+    @property
+    def num_free(self) -> int:
+        """Unreferenced blocks holding no hash."""
+        return len(self._free) - self._num_cached
+
+    @property
+    def num_cached(self) -> int:
+        """Unreferenced blocks still holding a hash (evictable, reusable by a prefix hit)."""
+        return self._num_cached
+
+    @property
+    def num_used(self) -> int:
+        """Referenced blocks."""
+        return self.num_blocks - len(self._free)
+
     def ref_count(self, block: int) -> int:
         """Current reference count of ``block``."""
         return self._ref[block]
@@ -106,31 +69,6 @@ class BlockPool:
     def lookup(self, h: bytes) -> int | None:
         """The block holding the K/V of hash ``h``, or None (pure: changes nothing)."""
         return self._by_hash.get(h)
-
-    def stats(self) -> PoolStats:
-        """Snapshot of the counts and counters."""
-        free_q = len(self._free)
-        used = self.num_blocks - free_q
-        queried = self.prefix_hits + self.prefix_misses
-        return PoolStats(
-            total_blocks=self.num_blocks,
-            free_blocks=free_q - self._num_cached,
-            cached_blocks=self._num_cached,
-            used_blocks=used,
-            block_size=self.block_size,
-            bytes_per_block=self.bytes_per_block,
-            usage_pct=100.0 * used / self.num_blocks,
-            prefix_hits=self.prefix_hits,
-            prefix_misses=self.prefix_misses,
-            prefix_hit_rate=self.prefix_hits / queried if queried else 0.0,
-            evictions=self.evictions,
-            exhaustion_events=self.exhaustion_events,
-            truncated_generations=self.truncated_generations,
-            rejected_prompts=self.rejected_prompts,
-            dropped_turns=self.dropped_turns,
-            vision_cache_hits=self.vision_cache_hits,
-            vision_cache_misses=self.vision_cache_misses,
-        )
 
     # ---- mutations -----------------------------------------------------------------------
 

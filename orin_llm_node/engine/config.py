@@ -39,6 +39,28 @@ class EngineConfig:
     FP8 format when its config.json declares one); ``"int8"``, ``"int4"`` (groups of 128,
     symmetric), ``"int4_asym"`` or ``"fp8"`` quantize a float checkpoint's decoder projections
     while loading (weight-only, round-to-nearest, no calibration).
+
+    The ROS node's parameters keep ROS names where they say more on the command line; this is
+    the whole mapping (ROS parameter -> engine field; 0 / empty / negative means "unset")::
+
+        model_path (empty: demo model)   -> EngineConfig.model_path
+        device, dtype                    -> EngineConfig.device, EngineConfig.dtype
+        quantization                     -> EngineConfig.quantization
+        kv_block_size                    -> EngineConfig.block_size
+        kv_cache_memory_mb (0: derive)   -> EngineConfig.kv_cache_memory_mb
+        max_model_len                    -> EngineConfig.max_model_len
+        enable_prefix_cache              -> EngineConfig.enable_prefix_cache
+        enable_cuda_graph                -> EngineConfig.enable_cuda_graph
+        image_max_pixels (0: checkpoint) -> EngineConfig.image_max_pixels
+        image_min_pixels (0: checkpoint) -> EngineConfig.image_min_pixels
+        max_new_tokens                   -> SamplingParams.max_tokens
+        temperature, top_p, top_k        -> SamplingParams.temperature, .top_p, .top_k
+        seed (negative: random)          -> SamplingParams.seed
+        max_generation_s (0: none)       -> SamplingParams.timeout_s
+        system_prompt (empty: none)      -> LLMEngine.new_conversation(system_prompt)
+
+    The node's other parameters (image QoS and age, queue, diagnostics, conversation mode) are
+    its own.
     """
 
     model_path: str | Path
@@ -125,7 +147,8 @@ class SamplingParams:
     """Per-request decoding settings. ``temperature == 0`` is greedy (deterministic).
 
     ``top_k == 0`` and ``top_p == 1.0`` disable those filters; ``seed`` makes sampling
-    reproducible; ``timeout_s`` ends the answer with ``finish_reason="timeout"``.
+    reproducible; ``timeout_s`` ends the answer with ``finish_reason="timeout"``. The ROS
+    parameters that set these: ``EngineConfig``'s docstring.
     """
 
     max_tokens: int = 256

@@ -1,169 +1,125 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-r"""Conversation state: token history in segments (system prompt, turns), image spans, KV blocks.
+"""A conversation: one token history (system prompt, then turns), its images and messages.
 
-The history holds the *generated* ids of every answer (exact KV reuse), closed with the
-checkpoint's ``<|im_end|>`` when a turn ended without it. The next turn's tokens come from the
-checkpoint's own chat template: the text it renders for the whole conversation plus the new
-message, minus what it renders for the conversation so far, starting right after the last
-``<|im_end|>`` (the template's "\n<|im_start|>user\n..." continuation). Every segment boundary
-sits next to a special token, so tokenizing segment by segment gives the same ids as
-tokenizing the whole text: the history equals what the template renders for the conversation.
+The history changes only through the conversation's methods (open a turn, append a generated
+token, close the turn, drop the oldest turns). How a turn's tokens are built from the chat
+template: ``orin_llm_node.processing.prompt``. The KV blocks holding the history are the KV
+cache manager's books (``KVBlocks``); the conversation only reads them.
 """
 
-from dataclasses import dataclass, field
-import hashlib
+from dataclasses import dataclass
 import itertools
 
-import numpy as np
-import torch
-
-from orin_llm_node.processing import rope_positions, user_message
+from orin_llm_node.processing import ImageRef, PromptPiece
 
 _ids = itertools.count()
 
 
-def image_key(rgb: np.ndarray) -> bytes:
-    """Content hash of an image array (shape, dtype and bytes)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr((rgb.shape, str(rgb.dtype))).encode())
-    h.update(np.ascontiguousarray(rgb).data)
-    return h.digest()
-
-
 @dataclass
-class ImageRef:
-    """One image of the history: the caller's array, its hash, grid and token count.
-
-    ``pixel_values`` is kept only until the turn that brought the image has been prefilled;
-    later re-prefills take the vision cache or re-run preprocessing from ``rgb``.
-    """
-
-    rgb: np.ndarray
-    key: bytes
-    grid_thw: tuple[int, int, int]
-    num_tokens: int
-    pixel_values: torch.Tensor | None = None
-
-
-@dataclass
-class Segment:
-    """A run of history: the system prompt, or one user turn with its answer."""
-
+class _Segment:
+    # A run of the history (the system prompt, or one turn with its answer): its messages, its
+    # length in tokens and its images at offsets relative to the run's first token.
     messages: list[dict]
-    token_ids: list[int]
-    images: list[tuple[int, ImageRef]] = field(default_factory=list)  # (offset, image)
+    num_tokens: int
+    images: list[tuple[int, ImageRef]]
 
 
 class Conversation:
-    """One chat's history and the KV blocks holding it (owned by an ``LLMEngine``)."""
+    """One chat's history, made by ``LLMEngine.new_conversation``."""
 
-    def __init__(self, system_prompt: str | None, system: Segment | None):
+    def __init__(self, system: PromptPiece, kv):
         self.id = next(_ids)
-        self.system_prompt = system_prompt
-        self.segments: list[Segment] = [system or Segment([], [])]
-        self.token_ids: list[int] = list(self.segments[0].token_ids)
-        # KV state: blocks referenced by this conversation, hashes of its full blocks, and how
-        # many leading tokens of token_ids have K/V in those blocks.
-        self.block_table: list[int] = []
-        self.block_hashes: list[bytes] = []
-        self.num_kv_tokens = 0
+        self._token_ids = list(system.token_ids)
+        self._segments = [_Segment(list(system.messages), len(system.token_ids),
+                                   list(system.images))]
+        self.kv = kv  # its KVCacheManager's KVBlocks: written by the manager only
+
+    # ---- reading -------------------------------------------------------------------------
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole history (read-only: change it through the methods)."""
+        return self._token_ids
+
+    @property
+    def block_table(self) -> list[int]:
+        """The KV blocks holding the history, in order (read-only)."""
+        return self.kv.ids
+
+    @property
+    def num_kv_tokens(self) -> int:
+        """Leading tokens of the history whose K/V are in ``block_table``."""
+        return self.kv.num_tokens
 
     @property
     def num_turns(self) -> int:
-        """User turns in the history (the system segment excluded)."""
-        return len(self.segments) - 1
+        """User turns in the history (the system prompt excluded)."""
+        return len(self._segments) - 1
+
+    def turn_lengths(self) -> list[int]:
+        """Tokens of the system prompt, then of each turn, oldest first."""
+        return [seg.num_tokens for seg in self._segments]
 
     def messages(self) -> list[dict]:
         """HF-style messages of the whole history."""
-        return [m for seg in self.segments for m in seg.messages]
+        return [m for seg in self._segments for m in seg.messages]
 
     def image_spans(self) -> list[tuple[int, ImageRef]]:
         """(first token index, image) of every image in ``token_ids``, in order."""
-        return spans_of(self.segments)
+        return self._spans(self._segments)
 
-    def clear_kv(self) -> None:
-        """Forget the KV bookkeeping (the caller has released the blocks)."""
-        self.block_table = []
-        self.block_hashes = []
-        self.num_kv_tokens = 0
+    def without_oldest(self, num_turns: int, turn: PromptPiece):
+        """(token ids, image spans) of the history less its oldest ``num_turns``, plus ``turn``.
 
-    def replace_segments(self, segments: list[Segment]) -> None:
-        """Set the history to ``segments`` (after dropping turns); KV must be cleared first."""
-        if self.block_table:
+        Pure: what the prompt would be if those turns were dropped.
+        """
+        start = sum(seg.num_tokens for seg in self._segments[:1 + num_turns])
+        system = self._segments[0].num_tokens
+        tokens = [*self._token_ids[:system], *self._token_ids[start:], *turn.token_ids]
+        kept = [self._segments[0], *self._segments[1 + num_turns:]]
+        spans = self._spans(kept)
+        spans.extend((len(tokens) - len(turn.token_ids) + off, img) for off, img in turn.images)
+        return tokens, spans
+
+    @staticmethod
+    def _spans(segments) -> list[tuple[int, ImageRef]]:
+        spans, base = [], 0
+        for seg in segments:
+            spans.extend((base + off, img) for off, img in seg.images)
+            base += seg.num_tokens
+        return spans
+
+    # ---- changing ------------------------------------------------------------------------
+
+    def open_turn(self, turn: PromptPiece) -> None:
+        """Append a user turn (up to the assistant generation prompt)."""
+        self._token_ids.extend(turn.token_ids)
+        self._segments.append(_Segment(list(turn.messages), len(turn.token_ids),
+                                       list(turn.images)))
+
+    def append_token(self, token_id: int) -> None:
+        """Append one generated token to the open turn."""
+        self._token_ids.append(token_id)
+        self._segments[-1].num_tokens += 1
+
+    def close_turn(self, answer: str, end_id: int) -> None:
+        """End the open turn with ``answer``; its ids end with ``end_id`` (<|im_end|>)."""
+        if self._token_ids[-1] != end_id:
+            self.append_token(end_id)
+        self._segments[-1].messages.append({"role": "assistant", "content": answer})
+
+    def drop_oldest(self, num_turns: int) -> None:
+        """Forget the oldest ``num_turns`` turns (the system prompt stays).
+
+        The KV blocks must have been released first: their hashes chain over the dropped turns.
+        """
+        if self.kv.ids:
             raise RuntimeError("release the conversation's blocks before rewriting its history")
-        self.segments = segments
-        self.token_ids = [t for seg in segments for t in seg.token_ids]
+        if num_turns:
+            self._token_ids, _ = self.without_oldest(num_turns, PromptPiece([], []))
+            del self._segments[1:1 + num_turns]
 
     def reset(self) -> None:
-        """Back to the system prompt only (blocks must have been released)."""
-        self.replace_segments(self.segments[:1])
-
-
-def spans_of(segments: list[Segment]) -> list[tuple[int, ImageRef]]:
-    """Absolute (start, image) spans of the images in a list of segments."""
-    spans, base = [], 0
-    for seg in segments:
-        spans.extend((base + off, img) for off, img in seg.images)
-        base += len(seg.token_ids)
-    return spans
-
-
-class PromptBuilder:
-    """Turns system prompts and user messages into token segments (the checkpoint's template)."""
-
-    def __init__(self, template, tokenizer, image_processor, image_token_id: int,
-                 merge_size: int):
-        self.template = template
-        self.tokenizer = tokenizer
-        self.image_processor = image_processor
-        self.image_token_id = image_token_id
-        self.merge_size = merge_size
-        self.im_end = tokenizer.IM_END
-        self.im_end_id = tokenizer.im_end_id
-
-    def _head(self, rendered: str) -> tuple[str, str]:
-        # Split a rendered history after its last <|im_end|>: (what our ids hold, the tail).
-        cut = rendered.rfind(self.im_end)
-        if cut < 0:
-            return rendered, ""
-        cut += len(self.im_end)
-        return rendered[:cut], rendered[cut:]
-
-    def system_segment(self, system_prompt: str | None) -> Segment:
-        """Segment of a system prompt (empty segment for None)."""
-        if system_prompt is None:
-            return Segment([], [])
-        messages = [{"role": "system", "content": system_prompt}]
-        head, _ = self._head(self.template.render(messages, add_generation_prompt=False))
-        return Segment(messages, self.tokenizer.encode(head))
-
-    def user_turn(self, conv: Conversation, text: str, images: list[np.ndarray]) -> Segment:
-        """Segment of a new user message (with images), up to the assistant generation prompt."""
-        refs = []
-        for rgb in images:
-            processed = self.image_processor.preprocess(rgb)
-            refs.append(ImageRef(rgb, image_key(rgb), tuple(processed.grid_thw),
-                                 processed.num_tokens, processed.pixel_values))
-        user = user_message(text, len(refs))
-        prev = conv.messages()
-        full = self.template.render([*prev, user], add_generation_prompt=True)
-        if prev:
-            rendered = self.template.render(prev, add_generation_prompt=False)
-            if not full.startswith(rendered):
-                raise ValueError("the chat template does not render conversations incrementally")
-            _, tail = self._head(rendered)
-            piece = tail + full[len(rendered):] if conv.token_ids else full
-        else:
-            piece = full
-        raw = self.tokenizer.encode(piece)
-        counts = [r.num_tokens for r in refs]
-        ids = self.tokenizer.expand_image_pads(raw, counts)  # checks pads == images
-        pads = [i for i, t in enumerate(raw) if t == self.image_token_id]
-        offsets = [i + sum(counts[:k]) - k for k, i in enumerate(pads)]
-        return Segment([user], ids, list(zip(offsets, refs, strict=True)))
-
-    def positions(self, token_ids: list[int], spans) -> tuple[np.ndarray, int]:
-        """M-RoPE positions ``[3, N]`` of a whole history and the start of what follows."""
-        return rope_positions(token_ids, [img.grid_thw for _, img in spans],
-                              self.image_token_id, self.merge_size)
+        """Back to the system prompt only (the blocks must have been released)."""
+        self.drop_oldest(self.num_turns)

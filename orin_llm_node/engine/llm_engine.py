@@ -6,32 +6,39 @@ Single-threaded: one generation at a time, run by the caller's thread. ``cancel(
 call another thread may make (a flag checked before every step).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
 import logging
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
 
 from orin_llm_node.models import VisionOutput, load_model
-from orin_llm_node.processing import ChatTemplate, ImageProcessor, Tokenizer
+from orin_llm_node.processing import ChatTemplate, ImageProcessor, PromptBuilder, Tokenizer
 from orin_llm_node.quantization import model_weight_bytes
 
-from .block_pool import BlockPool, PoolStats
+from .block_pool import BlockPool
 from .config import EngineConfig, SamplingParams
-from .conversation import Conversation, PromptBuilder
+from .conversation import Conversation
 from .detokenizer import IncrementalDetokenizer
+from .finish_reason import FinishReason
+from .kv_manager import KVBlocks, KVCacheManager, PoolStats
 from .model_runner import ModelRunner, plan_num_blocks
 from .sampler import Sampler
-from .scheduler import CONTEXT_FULL, OK, Scheduler
 from .vision_cache import VisionCache
 
-__all__ = ["ChatResult", "LLMEngine", "StreamEvent"]
+__all__ = ["ChatResult", "EngineStats", "LLMEngine", "StreamEvent"]
 
 log = logging.getLogger(__name__)
 
-FINISH_REASONS = ("stop", "length", "kv_exhausted", "context_full", "cancelled", "timeout")
+@dataclass(frozen=True)
+class EngineStats(PoolStats):
+    """``PoolStats`` (the KV cache manager's) and the vision cache's own figures."""
+
+    vision_cache_hits: int
+    vision_cache_misses: int
 
 
 @dataclass
@@ -65,11 +72,6 @@ class StreamEvent:
     token_id: int | None = None
     result: ChatResult | None = None
 
-    @property
-    def finished(self) -> bool:
-        """True on the last event of a turn."""
-        return self.result is not None
-
 
 class LLMEngine:
     """Qwen3-VL on a paged KV cache with a prefix cache across turns."""
@@ -97,12 +99,14 @@ class LLMEngine:
                                   enable_cuda_graph=config.enable_cuda_graph)
         self.pool = BlockPool(num_blocks, config.block_size, self.runner.bytes_per_block,
                               config.block_order_seed)
-        self.scheduler = Scheduler(self.pool, config.max_model_len, config.enable_prefix_cache)
+        self.kv = KVCacheManager(self.pool, config.max_model_len, config.enable_prefix_cache)
         self.vision_cache = VisionCache(int(config.vision_cache_mb * 2**20))
         self._banned = {mcfg.image_token_id, mcfg.video_token_id,
                         mcfg.vision_start_token_id, mcfg.vision_end_token_id}
         self._cancel = threading.Event()
-        self._conversations: dict[int, Conversation] = {}  # those holding blocks
+        # Every live conversation (for reset()); a weak map, so dropping one frees it.
+        self._conversations: weakref.WeakValueDictionary[int, Conversation] = (
+            weakref.WeakValueDictionary())
         per_block = self.runner.bytes_per_block
         log.info(
             "KV cache on %s (%s): %d blocks x %d tokens, %d bytes per block, %.1f MiB, "
@@ -113,11 +117,6 @@ class LLMEngine:
         )
 
     # ---- public API ------------------------------------------------------------------------
-
-    @property
-    def block_size(self) -> int:
-        """Tokens per KV block."""
-        return self.pool.block_size
 
     @property
     def uses_cuda_graph(self) -> bool:
@@ -137,14 +136,12 @@ class LLMEngine:
         """Bytes of the model's weights on the device (codes, scales and float parameters)."""
         return self._weight_bytes
 
-    @property
-    def bytes_per_block(self) -> int:
-        """Bytes of one KV block over all layers."""
-        return self.runner.bytes_per_block
-
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
         """Start a conversation; the system prompt's blocks are shared through the cache."""
-        return Conversation(system_prompt, self.prompts.system_segment(system_prompt))
+        conv = Conversation(self.prompts.system_piece(system_prompt), KVBlocks())
+        self.kv.track(conv)
+        self._conversations[conv.id] = conv
+        return conv
 
     def cancel(self) -> None:
         """Stop the generation in progress at its next step (thread-safe)."""
@@ -155,16 +152,15 @@ class LLMEngine:
 
         The blocks go back to the pool tail first, so hashed ones stay reusable as cache.
         """
-        convs = list(self._conversations.values()) if conv is None else [conv]
-        for c in convs:
-            self.scheduler.release(c)
+        self.kv.collect()
+        for c in list(self._conversations.values()) if conv is None else [conv]:
+            self.kv.release(c)
             c.reset()
-            self._conversations.pop(c.id, None)
 
-    def stats(self) -> PoolStats:
-        """Block pool counts and exhaustion counters."""
-        return replace(self.pool.stats(), vision_cache_hits=self.vision_cache.hits,
-                       vision_cache_misses=self.vision_cache.misses)
+    def stats(self) -> EngineStats:
+        """Block pool counts, prefix-cache and exhaustion counters, vision-cache hits."""
+        return EngineStats(**asdict(self.kv.stats()), vision_cache_hits=self.vision_cache.hits,
+                           vision_cache_misses=self.vision_cache.misses)
 
     def chat(self, conv: Conversation, text: str, images=None,
              sampling: SamplingParams | None = None) -> ChatResult:
@@ -186,38 +182,38 @@ class LLMEngine:
         sampling = sampling or SamplingParams()
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
-        turn = self.prompts.user_turn(conv, text, list(images or []))
-        plan = self.scheduler.plan(conv, turn, sampling.max_tokens)
-        if plan.status != OK:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text is not valid Unicode: lone surrogate {text[exc.start]!r} "
+                             f"at index {exc.start}") from None
+        if isinstance(images, np.ndarray):
+            raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
+                             "array (pass [image])")
+        turn = self.prompts.user_turn(conv.messages(), text, list(images or []))
+        plan = self.kv.admit(conv, turn, sampling.max_tokens)
+        if plan.refused:
             yield StreamEvent("", result=self._refused(conv, turn, plan))
             return
-        dropped = plan.drop
-        cached = self.scheduler.commit(conv, turn, plan)
-        self._conversations[conv.id] = conv
-        state = _TurnState(t0, cached, dropped)
+        state = _TurnState(t0, conv.num_kv_tokens, plan.drop)
         try:
-            yield from self._generate(conv, sampling, state)
+            yield from self._generate(conv, sampling, state, turn.pixel_values)
         finally:
-            self._close_turn(conv, turn, state)
+            self._close_turn(conv, state)
         yield StreamEvent(state.tail, result=state.result)
 
     # ---- internals -------------------------------------------------------------------------
 
     def _refused(self, conv, turn, plan) -> ChatResult:
-        if plan.status == CONTEXT_FULL:
-            reason = "context_full"
-        else:
-            reason = "kv_exhausted"
-            self.pool.rejected_prompts += 1
-            self.pool.exhaustion_events += 1
-        log.warning("prompt not run (%s): %s", reason, plan.reason)
-        spans = [*conv.image_spans(), *turn.images]
-        return ChatResult("", [], conv.token_ids + turn.token_ids, [img.rgb for _, img in spans],
-                          reason, error=plan.reason)
+        log.warning("prompt not run (%s): %s", plan.refused, plan.reason)
+        tokens, spans = conv.without_oldest(0, turn)
+        return ChatResult("", [], tokens, [img.rgb for _, img in spans], plan.refused,
+                          error=plan.reason)
 
-    def _vision_rows(self, spans, start: int) -> tuple[VisionOutput | None, float]:
+    def _vision_rows(self, spans, start: int, fresh) -> tuple[VisionOutput | None, float]:
         # Vision rows of every image pad at or after token index ``start``, in order. A prefix
-        # hit may end inside an image: its uncached tokens still need their rows.
+        # hit may end inside an image: its uncached tokens still need their rows. ``fresh``:
+        # the new turn's pixel patches by image key; older images are preprocessed again.
         parts, t0 = [], time.perf_counter()
         for s, img in spans:
             if s + img.num_tokens <= start:
@@ -225,9 +221,9 @@ class LLMEngine:
             key = (img.key, img.grid_thw)
             out = self.vision_cache.get(key)
             if out is None:
-                pixels = img.pixel_values
+                pixels = fresh.get(img.key)
                 if pixels is None:
-                    pixels = self.prompts.image_processor.preprocess(img.rgb).pixel_values
+                    pixels = self.prompts.pixel_values(img)
                 out = self.runner.encode_image(pixels, img.grid_thw)
                 self.vision_cache.put(key, out)
             lo = max(0, start - s)
@@ -244,8 +240,9 @@ class LLMEngine:
             torch.cuda.synchronize(self.device)
         return parts[0], time.perf_counter() - t0
 
-    def _generate(self, conv: Conversation, sampling: SamplingParams, state: "_TurnState"):
-        sched, runner = self.scheduler, self.runner
+    def _generate(self, conv: Conversation, sampling: SamplingParams, state: "_TurnState",
+                  pixels):
+        kv, runner = self.kv, self.runner
         prompt = list(conv.token_ids)
         spans = conv.image_spans()
         state.prompt_ids = prompt
@@ -253,14 +250,12 @@ class LLMEngine:
         positions, next_pos = self.prompts.positions(prompt, spans)
         deadline = None if sampling.timeout_s is None else state.t0 + sampling.timeout_s
         if self._cancel.is_set():
-            state.finish = "cancelled"
+            state.finish = FinishReason.CANCELLED
             return
-        visual, state.vision_s = self._vision_rows(spans, state.cached)
-        for _, img in spans:
-            img.pixel_values = None  # the vision cache or the rgb array serve re-prefills
+        visual, state.vision_s = self._vision_rows(spans, state.cached, pixels)
         logits = runner.prefill(prompt[state.cached:], positions[:, state.cached:],
                                 conv.block_table, state.cached, visual)
-        sched.kv_written(conv, len(prompt))
+        kv.kv_written(conv, len(prompt))
         sampler = Sampler(sampling, self.device, self._banned)
         detok = state.detok = IncrementalDetokenizer(self.tokenizer.decode)
         eos = set() if sampling.ignore_eos else set(self.tokenizer.eos_ids)
@@ -272,49 +267,40 @@ class LLMEngine:
                 state.t_first = now
             state.t_last = now
             gen.append(token)
-            conv.token_ids.append(token)
-            conv.segments[-1].token_ids.append(token)
+            conv.append_token(token)
             if token in eos:
-                state.finish = "stop"
+                state.finish = FinishReason.STOP
                 return
             delta = detok.add(token)
             yield StreamEvent(delta, token)
             if len(gen) >= sampling.max_tokens:
-                state.finish = "length"
+                state.finish = FinishReason.LENGTH
                 return
             if len(conv.token_ids) >= self.config.max_model_len:
-                state.finish = "context_full"
+                state.finish = FinishReason.CONTEXT_FULL
                 return
             if self._cancel.is_set():
-                state.finish = "cancelled"
+                state.finish = FinishReason.CANCELLED
                 return
             if deadline is not None and time.perf_counter() >= deadline:
-                state.finish = "timeout"
+                state.finish = FinishReason.TIMEOUT
                 return
             context = len(conv.token_ids)
-            if not sched.reserve(conv, context):
-                self.pool.truncated_generations += 1
-                self.pool.exhaustion_events += 1
+            if not kv.extend(conv, context):
                 log.warning("KV pool exhausted: answer truncated after %d tokens", len(gen))
-                state.finish = "kv_exhausted"
+                state.finish = FinishReason.KV_EXHAUSTED
                 return
             logits = runner.decode(token, next_pos + len(gen) - 1, conv.block_table, context)
-            sched.kv_written(conv, context)
+            kv.kv_written(conv, context)
 
-    def _close_turn(self, conv: Conversation, turn, state: "_TurnState") -> None:
+    def _close_turn(self, conv: Conversation, state: "_TurnState") -> None:
         # Runs whatever ended the turn (finish, error, a closed stream): the history stays a
         # valid conversation, closed with <|im_end|>.
-        state.finish = state.finish or "cancelled"
+        state.finish = state.finish or FinishReason.CANCELLED
         state.tail = state.detok.flush() if state.detok else ""
         text = state.detok.text if state.detok else ""
-        im_end = self.tokenizer.im_end_id
-        if conv.token_ids[-1] != im_end:
-            conv.token_ids.append(im_end)
-            turn.token_ids.append(im_end)
-        turn.messages.append({"role": "assistant", "content": text})
-        if not self.config.enable_prefix_cache:
-            self.scheduler.release(conv)
-            self._conversations.pop(conv.id, None)
+        conv.close_turn(text, self.tokenizer.im_end_id)
+        self.kv.finish(conv)
         gen = state.token_ids
         decode_s = state.t_last - state.t_first
         state.result = ChatResult(

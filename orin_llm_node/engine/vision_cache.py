@@ -22,9 +22,6 @@ class VisionCache:
         self.misses = 0
         self._entries: OrderedDict = OrderedDict()
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def get(self, key):
         """The cached output for ``key`` (marked most recent), or None."""
         out = self._entries.get(key)
@@ -45,8 +42,3 @@ class VisionCache:
             self.bytes -= _nbytes(old)
         self._entries[key] = out
         self.bytes += size
-
-    def clear(self) -> None:
-        """Drop every entry (counters are kept)."""
-        self._entries.clear()
-        self.bytes = 0

@@ -266,12 +266,6 @@ class Tokenizer:
             raise ValueError(f"tokenizer has no token {token!r}")
         return tid
 
-    token_to_id = token_id
-
-    def id_to_token(self, token_id: int) -> str | None:
-        """Return the token string of ``token_id`` (``None`` when out of range)."""
-        return self._tok.id_to_token(int(token_id))
-
     def encode(self, text: str) -> list[int]:
         """Tokenize ``text``; special tokens written in it are recognised, no BOS is added."""
         return self._tok.encode(text, add_special_tokens=False).ids
