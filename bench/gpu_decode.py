@@ -373,18 +373,23 @@ def main(argv=None):
         import cupy
         import transformers
         result.update(cupy=cupy.__version__, transformers=transformers.__version__)
+    run_and_write("gpu_decode", bench_model, plot, result, args)
+
+
+def run_and_write(bench: str, bench_model, plot, result: dict, args) -> None:
+    """Run ``bench_model(size, args, workdir)`` per model on random weights; JSON + PNG out."""
     llm_engine_module.load_model = random_load_model  # random weights, no checkpoint on disk
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.models.split(","):
             result["models"][size] = bench_model(size, args, Path(tmp))
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "gpu_decode_" + name.replace(" ", "_").replace("/", "_")
+    stem = f"{bench}_" + result["device"].replace(" ", "_").replace("/", "_")
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     try:
         plot(result, args.out / f"{stem}.png")
     except ImportError as exc:  # the JSON is written; a bare GPU box may lack matplotlib
-        print(f"gpu_decode: no PNG ({exc})", file=sys.stderr)
+        print(f"{bench}: no PNG ({exc})", file=sys.stderr)
 
 
 if __name__ == "__main__":

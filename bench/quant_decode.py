@@ -29,7 +29,6 @@ import argparse
 import json
 from pathlib import Path
 import sys
-import tempfile
 
 import torch
 
@@ -40,7 +39,6 @@ sys.path.insert(0, str(REPO / "bench"))
 import gpu_decode as gd  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine  # noqa: E402
-import orin_llm_node.engine.llm_engine as llm_engine_module  # noqa: E402
 from orin_llm_node.quantization import model_weight_bytes  # noqa: E402
 
 TARGETS = {  # (size, format): minimum speed-up over bf16 at the shortest context
@@ -166,18 +164,7 @@ def main(argv=None):
     result = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "bandwidth_gbs_used": args.bandwidth_gbs, "measured_copy_bandwidth_gbs": measured,
               "contexts": args.contexts, "decode_tokens": args.decode_tokens, "models": {}}
-    llm_engine_module.load_model = gd.random_load_model  # random weights, no checkpoint
-    with tempfile.TemporaryDirectory() as tmp:
-        for size in args.models.split(","):
-            result["models"][size] = bench_model(size, args, Path(tmp))
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "quant_decode_" + name.replace(" ", "_").replace("/", "_")
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
-    try:
-        plot(result, args.out / f"{stem}.png")
-    except ImportError as exc:  # the JSON is written; a bare GPU box may lack matplotlib
-        print(f"quant_decode: no PNG ({exc})", file=sys.stderr)
+    gd.run_and_write("quant_decode", bench_model, plot, result, args)
 
 
 if __name__ == "__main__":
