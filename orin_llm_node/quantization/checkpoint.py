@@ -172,8 +172,9 @@ def _unpack_dense(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
 def _from_pack_quantized(t: dict, layer: QuantLinear) -> dict[str, torch.Tensor]:
     shape = [int(v) for v in t["weight_shape"].tolist()]
     rows = t["weight_scale"].shape[0]
-    if shape[1] != layer.in_features or len(shape) != 2:
-        raise ValueError(f"weight_shape {shape} does not fit in_features {layer.in_features}")
+    if shape != [rows, layer.in_features]:
+        raise ValueError(f"weight_shape {shape} does not fit {rows} rows of "
+                         f"{layer.in_features} input features")
     if tuple(t["weight_scale"].shape) != (rows, layer.num_groups):
         raise ValueError(f"weight_scale has shape {list(t['weight_scale'].shape)}, expected "
                          f"[{rows}, {layer.num_groups}] (group size {layer.group_size})")
