@@ -26,6 +26,7 @@ PARAMETER_TYPES = {
     'model_path': str,
     'device': str,
     'dtype': str,
+    'quantization': str,
     'max_new_tokens': int,
     'temperature': float,
     'top_p': float,

@@ -113,6 +113,10 @@ PARAMETERS = (
     Param('dtype', 'auto', 'weights and KV dtype',
           _choice('auto', 'float32', 'bfloat16', 'float16'),
           constraints='auto | float32 | bfloat16 | float16'),
+    Param('quantization', 'none', 'weight-only quantization of a float checkpoint at load '
+          '(none = as stored; INT4 / INT8 / FP8 checkpoints load in their own format)',
+          _choice('none', 'int8', 'int4', 'int4_asym', 'fp8'),
+          constraints='none | int8 | int4 | int4_asym | fp8'),
     Param('max_new_tokens', 256, 'most tokens generated per answer', _int_at_least(1),
           runtime=True, constraints='>= 1'),
     Param('temperature', 0.0, 'sampling temperature (0 = greedy)', _float_in(0.0),
@@ -585,7 +589,7 @@ class OrinLLMNode(Node):
         p = self.params
         return EngineConfig(
             model_path=str(model_path), device=p['device'], dtype=p['dtype'],
-            block_size=p['kv_block_size'],
+            quantization=p['quantization'], block_size=p['kv_block_size'],
             kv_cache_memory_mb=p['kv_cache_memory_mb'] or None,
             max_model_len=p['max_model_len'], enable_prefix_cache=p['enable_prefix_cache'],
             enable_cuda_graph=p['enable_cuda_graph'],
@@ -610,13 +614,16 @@ class OrinLLMNode(Node):
         stats = engine.stats()
         self.info.device = str(engine.device)
         self.info.dtype = str(engine.dtype).replace('torch.', '')
+        self.info.weight_format = engine.weight_format
+        self.info.weight_bytes = engine.weight_bytes
         # Reported only when the engine says graphs are really in use (not just enabled).
         self.info.cuda_graph = bool(getattr(engine, 'uses_cuda_graph', False))
         self.monitor.hardware_id = self.info.device
         mb = stats.total_blocks * stats.bytes_per_block / 2 ** 20
         log.info(f'loaded in {time.monotonic() - t0:.1f} s on {self.info.device} '
-                 f'({self.info.dtype}); KV pool: {stats.total_blocks} blocks x '
-                 f'{stats.block_size} tokens ({mb:.1f} MB)')
+                 f'({self.info.dtype}, weights {self.info.weight_format} '
+                 f'{self.info.weight_bytes / 2 ** 20:.1f} MB); KV pool: '
+                 f'{stats.total_blocks} blocks x {stats.block_size} tokens ({mb:.1f} MB)')
         t0 = time.monotonic()
         self._warm_up(engine)
         log.info(f'warm-up done in {time.monotonic() - t0:.1f} s')

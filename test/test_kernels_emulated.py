@@ -15,6 +15,7 @@ import contextlib
 import random
 
 import kernel_emulator
+from kernel_emulator import CountingLaunch
 import numpy as np
 import pytest
 import torch
@@ -274,33 +275,6 @@ def test_warmup_launches_write_nothing():
     assert torch.equal(attn.kv_cache, before)
 
 
-class CountingLaunch:
-    """Wraps a launcher and counts kernel launches by name."""
-
-    def __init__(self, launch):
-        self.launch, self.counts = launch, {}
-
-    def __call__(self, name, grid, block, args):
-        self.counts[name] = self.counts.get(name, 0) + 1
-        self.launch(name, grid, block, args)
-
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-def _fused_runner(model, num_blocks, block_size, max_len, launch):
-    """A CPU ModelRunner whose attention and layer ops run the emulated CUDA kernels."""
-    from orin_llm_node.engine.model_runner import ModelRunner
-
-    tc = model.config.text
-    runner = ModelRunner(model, num_blocks, block_size, max_len, torch.device("cpu"),
-                         torch.float32)
-    runner.attn = CudaPagedAttention(runner.kv_cache, tc.num_attention_heads, max_len,
-                                     launch=launch)
-    runner.attn.warmup()
-    return runner, FusedOps(torch.float32, tc.head_dim, torch.device("cpu"), launch=launch)
-
-
 def test_model_runner_fused_decode_across_blocks(tiny_ckpt):
     """The tiny model's fused step (every custom kernel, emulated) tracks the torch path.
 
@@ -319,7 +293,7 @@ def test_model_runner_fused_decode_across_blocks(tiny_ckpt):
     cpu = torch.device("cpu")
     ref = ModelRunner(model, num_blocks, block_size, max_len, cpu, torch.float32)
     launch = CountingLaunch(kernel_emulator.emulated_launch("float32", tc.head_dim))
-    runner, ops = _fused_runner(model, num_blocks, block_size, max_len, launch)
+    runner, ops = kernel_emulator.fused_runner(model, num_blocks, block_size, max_len, launch)
     assert runner.attn.num_splits > 1
     rng = random.Random(0)
     table = rng.sample(range(num_blocks), 22)
