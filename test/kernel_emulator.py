@@ -15,7 +15,8 @@ checked against the C signature parsed from the source (a ``np.int64`` passed fo
 fails here, while on a GPU it would silently read the low half).
 
 ``CountingLaunch`` counts a launcher's kernels by name; ``fused_runner`` builds a CPU model
-runner whose kernels are all emulated (the fused decode step of a GPU, without one).
+runner whose kernels are all emulated (the fused decode step of a GPU, without one) and
+``fused_and_torch_steps`` runs it beside a torch-path runner, step by step.
 
 This checks the kernels' indexing, softmax, split-K and reduction logic and the backend's
 launch code without a GPU. It does not check GPU-only properties (memory model, alignment
@@ -317,3 +318,29 @@ def fused_runner(model, num_blocks, block_size, max_len, launch):
                                      launch=launch)
     runner.attn.warmup()
     return runner, FusedOps(torch.float32, tc.head_dim, torch.device("cpu"), launch=launch)
+
+
+def fused_and_torch_steps(ref, runner, ops, launch, prompt, table, decode_steps):
+    """Prefill ``prompt``, then teacher-forced greedy decode steps, on both runners.
+
+    ``ref`` runs the torch path, ``runner`` the emulated kernels with ``ops`` installed for
+    its steps. Yields ``(want, got)`` logits for the prefill and then each decode step;
+    ``launch`` (a :class:`CountingLaunch`) is cleared before each step, so at a yield its
+    counts are that step's launches.
+    """
+    from orin_llm_node.layers import dispatch
+
+    pos = np.tile(np.arange(len(prompt)), (3, 1))
+    launch.counts.clear()
+    want = ref.prefill(prompt, pos, table, 0)
+    with dispatch.installed(runner.device, torch.float32, ops):
+        got = runner.prefill(prompt, pos, table, 0)
+    yield want, got
+    for step in range(decode_steps):
+        token = int(want.argmax())
+        context = len(prompt) + step + 1
+        want = ref.decode(token, context - 1, table, context)
+        launch.counts.clear()
+        with dispatch.installed(runner.device, torch.float32, ops):
+            got = runner.decode(token, context - 1, table, context)
+        yield want, got

@@ -298,22 +298,13 @@ def test_model_runner_fused_decode_across_blocks(tiny_ckpt):
     rng = random.Random(0)
     table = rng.sample(range(num_blocks), 22)
     prompt = [rng.randrange(tc.vocab_size) for _ in range(300)]
-    pos = np.tile(np.arange(len(prompt)), (3, 1))
-    want = ref.prefill(prompt, pos, table, 0)
-    with dispatch.installed(cpu, torch.float32, ops):
-        got = runner.prefill(prompt, pos, table, 0)
+    steps = kernel_emulator.fused_and_torch_steps(ref, runner, ops, launch, prompt, table, 24)
+    want, got = next(steps)
     assert (want - got).abs().max().item() < 1e-4
-    token = int(want.argmax())
-    for step in range(24):
-        context = len(prompt) + step + 1
-        want = ref.decode(token, context - 1, table, context)
-        launch.counts.clear()
-        with dispatch.installed(cpu, torch.float32, ops):
-            got = runner.decode(token, context - 1, table, context)
+    for step, (want, got) in enumerate(steps):
         err = (want - got).abs().max().item()
         assert err < 1e-4, f"step {step}: logits differ by {err}"
         assert int(got.argmax()) == int(want.argmax())
-        token = int(want.argmax())
     layers = tc.num_hidden_layers
     assert launch.counts == {
         "rms_norm": 1,  # layer 0's input norm (no residual yet)

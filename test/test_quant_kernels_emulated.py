@@ -11,7 +11,6 @@ alignment faults) are not covered here.
 """
 
 import kernel_emulator
-import numpy as np
 import pytest
 import torch
 
@@ -149,23 +148,14 @@ def test_fused_step_with_quantized_projections(tiny_ckpt, quantization):
     launch = kernel_emulator.CountingLaunch(
         kernel_emulator.emulated_launch("float32", tc.head_dim))
     runner, ops = kernel_emulator.fused_runner(model, num_blocks, block_size, max_len, launch)
-    table = [5, 2, 9, 0]
-    prompt = list(range(3, 23))
-    pos = np.tile(np.arange(len(prompt)), (3, 1))
-    want = ref.prefill(prompt, pos, table, 0)
-    with dispatch.installed(cpu, torch.float32, ops):
-        got = runner.prefill(prompt, pos, table, 0)
+    # 20 prompt tokens and 14 decode steps (contexts 21..34) cross the block boundary at 32.
+    steps = kernel_emulator.fused_and_torch_steps(ref, runner, ops, launch, list(range(3, 23)),
+                                                  [5, 2, 9, 0], 14)
+    want, got = next(steps)
     assert launch.counts[f"quant_dequant_{layers[0].format}"] == len(layers)
     assert (want - got).abs().max().item() <= 1e-4 * want.abs().max().item()
-    token = int(want.argmax())
-    for step in range(14):  # contexts 21..34: crosses the block boundary at 32
-        context = len(prompt) + step + 1
-        want = ref.decode(token, context - 1, table, context)
-        launch.counts.clear()
-        with dispatch.installed(cpu, torch.float32, ops):
-            got = runner.decode(token, context - 1, table, context)
+    for step, (want, got) in enumerate(steps):
         err = (want - got).abs().max().item()
         assert err <= 1e-4 * want.abs().max().item(), f"step {step}: logits differ by {err}"
         assert launch.counts[f"quant_gemv_{layers[0].format}"] == 4 * tc.num_hidden_layers
         assert launch.counts["paged_decode_split"] == tc.num_hidden_layers
-        token = int(want.argmax())
