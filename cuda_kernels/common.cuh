@@ -1,9 +1,9 @@
 // Copyright 2026 orin_llm_node developers
 // SPDX-License-Identifier: Apache-2.0
 //
-// Shared helpers for the paged-attention and fused decode-step kernels (the element type, its
-// conversions and the torch-matching rounding helpers are in dtype.cuh, shared with the
-// quantized GEMV kernels).
+// Shared helpers for the paged-attention and fused decode-step kernels. The element type, its
+// conversions and the torch-matching rounding helpers are in dtype.cuh, the warp reductions in
+// warp.cuh: both are shared with the quantized GEMV kernels (quant_linear.cu).
 //
 // Header-free on purpose: no <cuda_fp16.h>/<cuda_bf16.h>. CuPy's NVRTC build, Jetson's
 // toolkit and the pip NVRTC wheel each ship (or lack) different versions of those headers,
@@ -29,10 +29,10 @@
 #endif
 
 #include "dtype.cuh"
+#include "warp.cuh"
 
 // Lanes that together hold one head vector (one token of one KV head).
 #define THREADS_PER_TOKEN (HEAD_DIM / VEC)
-#define WARP_SIZE 32
 #define NUM_WARPS (NUM_THREADS / WARP_SIZE)
 
 static_assert(HEAD_DIM % VEC == 0, "HEAD_DIM must be a multiple of 16 bytes of elements");
@@ -42,15 +42,6 @@ static_assert(NUM_THREADS % WARP_SIZE == 0, "NUM_THREADS must be whole warps");
 static_assert(HEAD_DIM <= NUM_THREADS, "the reduce kernel uses one thread per dimension");
 
 #define NEG_INF (-__int_as_float(0x7f800000))
-
-// Sum over the aligned group of WIDTH lanes this lane belongs to (every lane gets the sum).
-// All 32 lanes of the warp must call it (full-mask shuffles).
-template <int WIDTH>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Sum over the whole CTA (blockDim.x threads, whole warps); every thread gets the same sum,
 // added in warp order (deterministic). s_warp: WARP_SIZE floats of shared memory.
@@ -62,10 +53,4 @@ __device__ __forceinline__ float block_sum(float v, float* s_warp) {
   for (int w = 0; w < (int)(blockDim.x / WARP_SIZE); ++w) total += s_warp[w];
   __syncthreads();  // s_warp may be reused right after
   return total;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }

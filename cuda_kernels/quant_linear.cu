@@ -28,18 +28,13 @@
 //
 //   GEMV_WARPS  output features (warps) per CTA
 #include "dtype.cuh"
+#include "warp.cuh"
 
 #if !defined(GEMV_WARPS)
 #error "compile through orin_llm_node.kernel_sources: GEMV_WARPS"
 #endif
 
-#define GEMV_THREADS (GEMV_WARPS * 32)
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+#define GEMV_THREADS (GEMV_WARPS * WARP_SIZE)
 
 struct Int8Codes {
   static constexpr int CHUNK = 16;
@@ -84,15 +79,15 @@ __device__ __forceinline__ void gemv(scalar_t* __restrict__ out, const scalar_t*
                                      int n_out, int k, int groups, int group_size,
                                      long long x_stride, long long out_stride) {
   constexpr int CHUNK = Codes::CHUNK;
-  const int lane = threadIdx.x & 31;
-  const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  const int lane = threadIdx.x % WARP_SIZE;
+  const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x / WARP_SIZE);
   if (n >= n_out) return;  // n is uniform per warp: the whole warp leaves together
   const scalar_t* xr = x + (long long)blockIdx.y * x_stride;
   const unsigned char* wr = codes + (long long)n * k * Codes::BITS / 8;
   const float* sr = scale + (long long)n * groups;
   const unsigned char* zr = zeros ? zeros + (long long)n * groups : nullptr;
   float acc = 0.f;
-  for (int c0 = lane * CHUNK; c0 < k; c0 += 32 * CHUNK) {
+  for (int c0 = lane * CHUNK; c0 < k; c0 += WARP_SIZE * CHUNK) {
     float q[CHUNK];
     Codes::decode(*reinterpret_cast<const uint4*>(wr + (long long)c0 * Codes::BITS / 8), q);
     const int g = c0 / group_size;
@@ -107,7 +102,7 @@ __device__ __forceinline__ void gemv(scalar_t* __restrict__ out, const scalar_t*
     }
     acc += dot * sr[g];
   }
-  acc = warp_sum(acc);
+  acc = group_sum<WARP_SIZE>(acc);
   if (lane == 0) {
     if (bias) acc += to_float(bias[n]);
     out[(long long)blockIdx.y * out_stride + n] = from_float(acc);
