@@ -157,24 +157,36 @@ def test_sampled_decode_through_the_graph_equals_eager(engines):
     assert tokens[0] == tokens[1]
 
 
+def _prefilled(engine, prompt_len: int = 40):
+    """Prefill a random prompt straight through the runner; (last token, table, context).
+
+    The blocks it writes may hold the engine's prefix cache: that cache is dropped first.
+    """
+    engine.pool.clear_cache()
+    runner = engine.runner
+    rng = np.random.default_rng(3)
+    vocab = runner.model.config.text.vocab_size
+    prompt = rng.integers(0, vocab, prompt_len).tolist()
+    table = rng.permutation(runner.num_blocks)[:8].tolist()
+    runner.prefill(prompt, np.tile(np.arange(prompt_len), (3, 1)), table, 0)
+    return prompt[-1], table, prompt_len + 1
+
+
 def test_greedy_graph_step_masks_banned_ids(engines):
     """The in-graph argmax never returns a banned id, even when it has the largest logit."""
     _, graph, _ = engines
     runner = graph.runner
-    conv = graph.new_conversation()
-    chat(graph, conv, "Hello.", max_tokens=4)
-    table, context = conv.block_table, len(conv.token_ids)
-    logits = runner.decode(conv.token_ids[-1], context - 1, table, context)
+    token, table, context = _prefilled(graph)
+    logits = runner.decode(token, context - 1, table, context)
     top = int(logits.argmax())
 
     class Greedy:  # the Sampler interface decode_sample reads
         params = SamplingParams()
         banned = torch.tensor([top], device="cuda")
 
-    token = runner.decode_sample(conv.token_ids[-1], context - 1, table, context, Greedy())
-    assert token != top
-    assert token == int(logits.index_fill(0, Greedy.banned, float("-inf")).argmax())
-    graph.reset(conv)
+    got = runner.decode_sample(token, context - 1, table, context, Greedy())
+    assert got != top
+    assert got == int(logits.index_fill(0, Greedy.banned, float("-inf")).argmax())
 
 
 def test_decode_step_kernel_count(engines):
@@ -183,10 +195,8 @@ def test_decode_step_kernel_count(engines):
 
     _, graph, _ = engines
     runner = graph.runner
-    conv = graph.new_conversation()
-    chat(graph, conv, "Hello.", max_tokens=4)
-    context = len(conv.token_ids)
-    runner.prepare_decode(conv.token_ids[-1], context - 1, conv.block_table, context)
+    token, table, context = _prefilled(graph)
+    runner.prepare_decode(token, context - 1, table, context)
     runner._decode_graph_body()  # warm
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -195,4 +205,3 @@ def test_decode_step_kernel_count(engines):
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     layers = graph.model.config.text.num_hidden_layers
     assert len(kernels) <= 12 * layers + 16, len(kernels)
-    graph.reset(conv)

@@ -233,7 +233,10 @@ class CudaPagedAttention(AttentionBackend):
         if k.shape[0] != n or v.shape[0] != n or self._slots.shape[0] != n:
             raise ValueError(f"{n} queries, {k.shape[0]} keys, {v.shape[0]} values, "
                              f"{self._slots.shape[0]} slots")
+        # The kernel reads these with 16-byte loads: dense rows at aligned addresses (a slice
+        # of a cos/sin table may start anywhere).
         tables = [t.to(self.dtype).contiguous() for t in (q_weight, k_weight, cos, sin)]
+        tables = [t if t.data_ptr() % 16 == 0 else t.clone() for t in tables]
         if tables[2].shape != (n, self.head_dim) or tables[3].shape != (n, self.head_dim):
             raise ValueError(f"cos/sin must be [{n}, {self.head_dim}]")
         q_out = torch.empty(n, self.num_q_heads, self.head_dim, dtype=self.dtype,
