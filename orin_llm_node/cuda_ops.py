@@ -74,9 +74,10 @@ def _compile(var: ks.KernelVariant, device_index: int, cupy) -> dict:
             functions[name] = module.get_function(name).kernel
         except Exception as exc:
             raise RuntimeError(
-                f"CuPy could not build {var.file} ({var.dtype}, head_dim {var.head_dim}) for "
-                f"CUDA device {device_index}: {exc} (CuPy needs the CUDA toolkit's NVRTC "
-                "matching its cupy-cudaXXx wheel)"
+                f"CuPy could not build {var.file} ({var.dtype}"
+                f"{f', head_dim {var.head_dim}' if var.head_dim else ''}) for CUDA device "
+                f"{device_index}: {exc} (CuPy needs the CUDA toolkit's NVRTC matching its "
+                "cupy-cudaXXx wheel)"
             ) from exc
     return functions
 

@@ -41,9 +41,10 @@ def _no_tf32():
 @pytest.fixture(autouse=True)
 def _kernels_installed():
     """The layers dispatch to the CuPy kernels as they do once a CUDA model runner exists."""
+    device = torch.device("cuda", torch.cuda.current_device())  # what tensors report
     with contextlib.ExitStack() as stack:
         for dtype in _DTYPES.values():
-            stack.enter_context(dispatch.installed(DEV, dtype, FusedOps(dtype, 128, DEV)))
+            stack.enter_context(dispatch.installed(device, dtype, FusedOps(dtype, 128, device)))
         yield
 
 
