@@ -25,7 +25,7 @@ $(STAMP): $(REQS) setup.py
 	touch $(STAMP)
 
 demo: venv
-	$(PY) -m orin_llm_node.demo
+	$(PY) -m orin_llm_node.ros.demo
 
 lint: venv
 	$(PY) -m ruff check .

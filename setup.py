@@ -67,8 +67,8 @@ setup(
     tests_require=['pytest'],
     entry_points={
         'console_scripts': [
-            f'orin_llm_node = {PACKAGE}.node:main',
-            f'orin_llm_chat = {PACKAGE}.chat_client:main',
+            f'orin_llm_node = {PACKAGE}.ros.main:main',
+            f'orin_llm_chat = {PACKAGE}.ros.chat_client:main',
         ],
     },
 )

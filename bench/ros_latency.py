@@ -174,7 +174,7 @@ def in_child(args, profile=None):
 
 
 def conversions(repeat=20):
-    from orin_llm_node import ros_image
+    from orin_llm_node.ros import ros_image
 
     rgb = frame()
     cases = {
@@ -196,13 +196,12 @@ def conversions(repeat=20):
 
 def prompts(count):
     """Prompt -> first delta / full answer through the node process on a tiny checkpoint."""
-    from orin_llm_node.chat_client import LLMClient
-    from orin_llm_node.ros_image import rgb_to_image
+    from orin_llm_node.ros.chat_client import LLMClient
+    from orin_llm_node.ros.ros_image import rgb_to_image
     from orin_llm_node.testing import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint(Path(tempfile.mkdtemp(prefix='bench_ros_')) / 'tiny')
-    exe = Path(sys.executable).with_name('orin_llm_node')
-    cmd = [str(exe)] if exe.is_file() else [sys.executable, '-m', 'orin_llm_node.node']
+    cmd = [sys.executable, '-m', 'orin_llm_node.ros.main']
     cmd += ['--ros-args', '-r', '__ns:=/bench_llm', '-p', f'model_path:={ckpt}',
             '-p', 'device:=cpu', '-p', f'max_new_tokens:={MAX_NEW_TOKENS}',
             '-p', 'conversation_mode:=single', '-p', 'image_max_age_s:=60.0',

@@ -6,90 +6,89 @@
         image_topic:=/camera/color/image_raw
 
 Arguments: ``namespace`` (default ``orin_llm``), ``params_file`` (default the installed
-``config/orin_llm.yaml``), ``image_topic`` (remaps ``image`` and ``image/compressed``) and one
-argument per node parameter (``model_path``, ``device``, ``max_new_tokens``, ...): empty keeps the
-value of ``params_file``, anything else overrides it.
+``config/orin_llm.yaml``), ``image_topic`` (remaps ``image`` and ``image/compressed``),
+``lifecycle`` (``true``: a managed node, driven here through configure -> activate unless
+``autostart:=false`` leaves it unconfigured for ``ros2 lifecycle set``) and one argument per node
+parameter, made from the node's parameter table (``model_path``, ``device``,
+``max_new_tokens``, ...): empty keeps the value of ``params_file``, anything else overrides it.
+A node that exits with an error (missing model, bad parameter) makes the launch exit 1.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, EmitEvent, OpaqueFunction, RegisterEventHandler
+from launch.event_handlers import OnProcessExit
+from launch.events import matches_action
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
-from launch_ros.actions import Node
+from launch_ros.actions import LifecycleNode, Node
+from launch_ros.event_handlers import OnStateTransition
+from launch_ros.events.lifecycle import ChangeState
 from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
+from lifecycle_msgs.msg import Transition
+
+from orin_llm_node.ros.parameters import PARAMETERS, from_text
 
 PACKAGE = 'orin_llm_node'
 
-# Every parameter of the node and its type (test/test_params_agree.py keeps this in step with
-# the node and config/orin_llm.yaml).
-PARAMETER_TYPES = {
-    'model_path': str,
-    'device': str,
-    'dtype': str,
-    'quantization': str,
-    'max_new_tokens': int,
-    'temperature': float,
-    'top_p': float,
-    'top_k': int,
-    'seed': int,
-    'system_prompt': str,
-    'kv_block_size': int,
-    'kv_cache_memory_mb': float,
-    'max_model_len': int,
-    'enable_cuda_graph': bool,
-    'enable_prefix_cache': bool,
-    'image_max_pixels': int,
-    'image_min_pixels': int,
-    'image_qos_reliable': bool,
-    'image_max_age_s': float,
-    'queue_size': int,
-    'diagnostics_period_s': float,
-    'pool_warn_fraction': float,
-    'conversation_mode': str,
-    'max_generation_s': float,
-}
 
-_TRUE = ('true', '1', 'yes', 'on')
-_FALSE = ('false', '0', 'no', 'off')
-
-
-def _convert(name, text, kind):
-    """Turn a launch argument string into the parameter's type, or fail naming it."""
-    try:
-        if kind is bool:
-            if text.lower() not in _TRUE + _FALSE:
-                raise ValueError
-            return text.lower() in _TRUE
-        if kind is str:
-            # ParameterValue(str) keeps e.g. a numeric-looking path or prompt a string.
-            return ParameterValue(text, value_type=str)
-        return kind(text)
-    except ValueError:
-        raise RuntimeError(
-            f'launch argument {name}:={text!r} is not a valid {kind.__name__}') from None
+def _flag(context, name):
+    text = LaunchConfiguration(name).perform(context).lower()
+    if text not in ('true', 'false'):
+        raise RuntimeError(f'launch argument {name}:={text!r} must be true or false')
+    return text == 'true'
 
 
 def _launch_node(context):
     overrides = {}
-    for name, kind in PARAMETER_TYPES.items():
-        text = LaunchConfiguration(name).perform(context)
+    for spec in PARAMETERS:
+        text = LaunchConfiguration(spec.name).perform(context)
         if text != '':
-            overrides[name] = _convert(name, text, kind)
+            value = from_text(spec.name, text)
+            # ParameterValue(str) keeps e.g. a numeric-looking path or prompt a string.
+            overrides[spec.name] = (ParameterValue(value, value_type=str)
+                                    if isinstance(value, str) else value)
     image_topic = LaunchConfiguration('image_topic').perform(context)
-    return [Node(
-        package=PACKAGE,
-        executable='orin_llm_node',
-        name='orin_llm',
+    common = dict(
+        package=PACKAGE, executable='orin_llm_node', name='orin_llm',
         namespace=LaunchConfiguration('namespace'),
         parameters=[LaunchConfiguration('params_file'), overrides],
         remappings=[('image', image_topic), ('image/compressed', image_topic + '/compressed')],
-        output='screen',
-        emulate_tty=True,
-    )]
+        output='screen', emulate_tty=True)
+    if not _flag(context, 'lifecycle'):
+        node = Node(**common)
+        return [node, RegisterEventHandler(OnProcessExit(target_action=node,
+                                                         on_exit=_node_exited))]
+    node = LifecycleNode(arguments=['--managed'], **common)
+    actions = [node, RegisterEventHandler(OnProcessExit(target_action=node,
+                                                        on_exit=_node_exited))]
+    if _flag(context, 'autostart'):
+        actions += [
+            # Only after configure: a later deactivate (active -> inactive) must stick.
+            RegisterEventHandler(OnStateTransition(
+                target_lifecycle_node=node, start_state='configuring', goal_state='inactive',
+                entities=[EmitEvent(event=ChangeState(
+                    lifecycle_node_matcher=matches_action(node),
+                    transition_id=Transition.TRANSITION_ACTIVATE))])),
+            EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(node),
+                                        transition_id=Transition.TRANSITION_CONFIGURE)),
+        ]
+    return actions
+
+
+def _node_exited(event, context):
+    """A node that could not start (or died) makes ``ros2 launch`` exit non-zero.
+
+    launch ends with exit code 1 when an event handler raises ("Caught exception in launch"),
+    and shuts everything else down, so a supervisor (systemd, a test) learns the VLM is down.
+    """
+    del context
+    if event.returncode != 0:
+        raise RuntimeError(f'{event.action.name} exited with code {event.returncode}: the '
+                           'VLM node is down (its FATAL line above says why)')
 
 
 def generate_launch_description():
-    """Launch arguments and the node."""
+    """Launch arguments (one per node parameter, from its table) and the node."""
     arguments = [
         DeclareLaunchArgument('namespace', default_value='orin_llm',
                               description='namespace of the node and its topics'),
@@ -101,11 +100,16 @@ def generate_launch_description():
         DeclareLaunchArgument('image_topic', default_value='image',
                               description='camera topic (sensor_msgs/Image; <topic>/compressed '
                                           'for sensor_msgs/CompressedImage)'),
+        DeclareLaunchArgument('lifecycle', default_value='false',
+                              description='true: start a managed (lifecycle) node'),
+        DeclareLaunchArgument('autostart', default_value='true',
+                              description='with lifecycle:=true, configure and activate it at '
+                                          'once (false: leave it unconfigured)'),
     ]
     arguments += [
-        DeclareLaunchArgument(name, default_value='',
-                              description=f'override the {name} parameter ({kind.__name__}); '
-                                          'empty = the value in params_file')
-        for name, kind in PARAMETER_TYPES.items()
+        DeclareLaunchArgument(spec.name, default_value='',
+                              description=f'{spec.description} ({type(spec.default).__name__}; '
+                                          'empty = the value in params_file)')
+        for spec in PARAMETERS
     ]
     return LaunchDescription(arguments + [OpaqueFunction(function=_launch_node)])

@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""diagnostics: keys and levels of DESIGN §5, and the publish-when state machine."""
+"""diagnostics: keys and levels (docs/architecture.md), and the publish-when state machine."""
 
 import dataclasses
 
@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip('diagnostic_msgs.msg')
 
-from orin_llm_node import diagnostics as diag  # noqa: E402
-from orin_llm_node.diagnostics import ERROR, OK, WARN, DiagnosticsMonitor, GenerationInfo  # noqa: E402
 from orin_llm_node.engine.block_pool import BlockPool  # noqa: E402
 from orin_llm_node.engine.kv_manager import KVCacheManager  # noqa: E402
+from orin_llm_node.ros import diagnostics as diag  # noqa: E402
+from orin_llm_node.ros.diagnostics import ERROR, OK, WARN, DiagnosticsMonitor, GenerationInfo  # noqa: E402
 
 
 def _stats(**changes):
@@ -92,7 +92,7 @@ def test_monitor_counts_only_growth_seen_within_the_period():
     mon.update(0.0, _stats(evictions=5), info)               # old evictions: baseline
     assert _levels(mon.statuses(0.1, _stats(evictions=5), info)) == [OK, OK]
     assert _levels(mon.statuses(0.2, _stats(evictions=7), info))[0] == WARN
-    info.errors = 1
+    info.add(errors=1)
     assert _levels(mon.statuses(0.3, _stats(evictions=7), info)) == [WARN, WARN]
     assert _levels(mon.statuses(2.5, _stats(evictions=7), info)) == [OK, OK]
 
@@ -102,3 +102,26 @@ def test_monitor_without_an_engine_yet():
     out = mon.update(0.0, None, GenerationInfo(state='loading'))
     assert [s.name for s in out] == ['robot_llm: generation']
     assert 'loading' in out[0].message
+
+
+def test_generation_info_never_loses_an_update_between_threads():
+    # The executor and the worker both count errors; switching threads every microsecond makes
+    # a read-modify-write without the lock lose counts (checked by removing the lock).
+    import sys
+    import threading
+
+    info = GenerationInfo(state='ready')
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=lambda: [info.add(errors=1) for _ in range(20000)])
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert info.snapshot().errors == 40000
+    with pytest.raises(AttributeError):
+        info.errors = 1             # no attribute to write around the lock

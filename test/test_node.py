@@ -9,6 +9,7 @@ Budget: ~1-2 min on 2 busy cores.
 """
 
 import array
+import json
 import os
 from pathlib import Path
 import signal
@@ -31,6 +32,7 @@ from rosgraph_msgs.msg import Clock  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 from std_msgs.msg import Bool, String  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
+from test_ros_image import png_bomb, png_header_only  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 
@@ -71,8 +73,7 @@ def ros_env():
 
 
 def node_command():
-    exe = Path(sys.executable).with_name('orin_llm_node')   # the console script, if installed
-    return [str(exe)] if exe.is_file() else [sys.executable, '-m', 'orin_llm_node.node']
+    return [sys.executable, '-m', 'orin_llm_node.ros.main']
 
 
 class Probe:
@@ -86,7 +87,7 @@ class Probe:
         self.executor.add_node(self.node)
         n = self.node
         self.ready = None
-        self.responses, self.deltas, self.errors = [], [], []
+        self.responses, self.deltas, self.errors, self.infos = [], [], [], []
         self.diag = {}                  # status name -> (level, message, {key: value})
         self.diag_log = []
         self.pub_prompt = n.create_publisher(String, f'{ns}/prompt', RELIABLE)
@@ -101,6 +102,8 @@ class Probe:
                               lambda m: self.deltas.append(m.data), STREAM)
         n.create_subscription(String, f'{ns}/error', lambda m: self.errors.append(m.data),
                               RELIABLE)
+        n.create_subscription(String, f'{ns}/response/info',
+                              lambda m: self.infos.append(json.loads(m.data)), RELIABLE)
         n.create_subscription(DiagnosticArray, '/diagnostics', self._on_diag, RELIABLE)
         self.reset_client = n.create_client(Trigger, f'{ns}/reset')
         self.cancel_client = n.create_client(Trigger, f'{ns}/cancel')
@@ -163,6 +166,17 @@ class Probe:
             self.executor.spin_once(timeout_sec=0.05)
         return answer
 
+    def ask_info(self, text, timeout=ANSWER_TIMEOUT):
+        """Publish ``text``; the node's ``response/info`` for it."""
+        n_info = len(self.infos)
+        self.pub_prompt.publish(String(data=text))
+
+        def mine():
+            return [i for i in self.infos[n_info:] if i['prompt'] == text]
+
+        self.spin_until(mine, timeout, f'response/info for {text[:40]!r}')
+        return mine()[0]
+
     def expect_error(self, publish, needle, timeout=20.0):
         n_err = len(self.errors)
         publish()
@@ -209,10 +223,10 @@ def reference(tiny_ckpt):
     return eng
 
 
-def start_node(ckpt, ns, log_dir, *params):
+def start_node(ckpt, ns, log_dir, *params, managed=False):
     """The node process (console script or ``python -m``) with the repo YAML + overrides."""
     log_path = log_dir / 'node.log'
-    cmd = node_command() + [
+    cmd = node_command() + (['--managed'] if managed else []) + [
         '--ros-args', '-r', f'__ns:={ns}', '--params-file', str(REPO / 'config/orin_llm.yaml'),
         '-p', f'model_path:={ckpt}', '-p', f'system_prompt:={SYSTEM}',
         '-p', 'diagnostics_period_s:=0.5', '-p', 'image_max_age_s:=30.0']
@@ -351,8 +365,10 @@ def test_runtime_parameters_and_bad_inputs(probe, reference):
         (raw('bgr8', bytes(w * h * 3), step=w * 3 - 3), 'step'),
         (raw('rgb8', bytes(16), width=100000, height=100000, step=300000), 'absurd'),
         (compressed(b'definitely not a jpeg'), 'magic'),
+        (compressed(b'\xff\xd8\xff\xe0' + bytes(64)), 'header could not be read'),
+        (compressed(png_bomb(300, 1), 'png'), 'aspect ratio 300.0'),
         # Passes the header checks, fails when the worker decodes it for the prompt.
-        (compressed(b'\xff\xd8\xff\xe0' + bytes(64)), 'could not be decoded'),
+        (compressed(png_header_only(64, 48), 'png'), 'could not be decoded'),
     ]
     for i, (msg, needle) in enumerate(cases):
         text = f'Still there {i}?'
@@ -398,7 +414,7 @@ def test_queue_overflow_drops_the_oldest_prompt(probe):
         probe.pub_prompt.publish(String(data=f'Queued prompt {i}.'))
 
     def drops():
-        return [e for e in probe.errors[n_err:] if e.startswith('queue full')]
+        return [e for e in probe.errors[n_err:] if 'queue full' in e]
 
     probe.spin_until(lambda: drops() and len(probe.responses) - n_resp >= 4 - len(drops()),
                      ANSWER_TIMEOUT, 'a dropped prompt and the other answers')
@@ -451,6 +467,60 @@ def test_use_sim_time_ages_images_on_the_ros_clock(probe):
     probe.reset()
 
 
+def peak_rss_mb(proc):
+    """The process's peak resident memory (VmHWM) in MB."""
+    for line in Path(f'/proc/{proc.pid}/status').read_text().splitlines():
+        if line.startswith('VmHWM:'):
+            return int(line.split()[1]) / 1024
+    raise AssertionError('no VmHWM')
+
+
+def test_image_bomb_and_bad_images_are_refused_on_arrival(probe, node):
+    probe.reset()
+    probe.set_params(max_new_tokens=2)
+    idle = peak_rss_mb(node)
+    bomb = CompressedImage(format='png')
+    bomb.data = array.array('B', png_bomb(16000, 16000))     # 768 MB once decoded
+    for msg, needle in ((bomb, 'absurd'),
+                        (probe.image(red_disc(1, 300)), 'aspect ratio 300.0'),
+                        (probe.image(red_disc(), stamp_ns=probe.node.get_clock().now().nanoseconds
+                                     + 3600 * 10**9), 'in the future')):
+        probe.send_image(probe.image(red_disc()))          # a good image first: then refused
+        probe.expect_error(lambda m=msg: probe.send_image(m), needle)
+        info = probe.ask_info(f'After {needle}?')
+        assert info['image'] is None and info['no_image'] == 'no image received yet', info
+        assert info['finish_reason'] in ('stop', 'length') and info['text'] is not None
+    assert peak_rss_mb(node) - idle < 200, 'the bomb was decoded'
+    probe.set_params(max_new_tokens=MAX_NEW)
+    probe.reset()
+
+
+def test_a_prompt_flood_is_answered_or_reported_prompt_by_prompt(probe):
+    probe.set_params(max_new_tokens=1)
+    deep = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000,
+                      reliability=ReliabilityPolicy.RELIABLE)
+    infos = []
+    sub = probe.node.create_subscription(String, f'{NS}/response/info',
+                                         lambda m: infos.append(json.loads(m.data)), deep)
+    pub = probe.node.create_publisher(String, f'{NS}/prompt', deep)
+    probe.spin_until(lambda: pub.get_subscription_count() > 0 and
+                     sub.get_publisher_count() > 0, 20.0, 'flood endpoints matched')
+    texts = [f'Flood {i}.' for i in range(300)]
+    for text in texts:
+        pub.publish(String(data=text))
+    probe.spin_until(lambda: len({i['prompt'] for i in infos} & set(texts)) == len(texts),
+                     120.0, 'one response/info per prompt')
+    mine = [i for i in infos if i['prompt'] in texts]
+    assert len(mine) == len(texts) and len({i['request_id'] for i in mine}) == len(texts)
+    refused = [i for i in mine if i['finish_reason'] == 'refused']
+    assert refused and all('queue full' in i['error'] for i in refused)
+    assert len(mine) - len(refused) >= 2, 'some are answered'
+    probe.node.destroy_subscription(sub)
+    probe.node.destroy_publisher(pub)
+    probe.set_params(max_new_tokens=MAX_NEW)
+    probe.reset()
+
+
 def test_sigterm_shuts_down_cleanly(probe, node):
     failures = [e for e in probe.errors if e.startswith('request failed')]
     assert not failures, f'internal errors while serving: {failures}'
@@ -462,9 +532,9 @@ def test_sigterm_shuts_down_cleanly(probe, node):
 
 @pytest.fixture(scope='module')
 def single(tiny_ckpt, tmp_path_factory):
-    """A second node: conversation_mode single, a 1 s deadline per answer."""
+    """A second node: conversation_mode single, a 3 s deadline per answer (a busy CI core)."""
     proc = start_node(tiny_ckpt, SINGLE_NS, tmp_path_factory.mktemp('single'),
-                      'conversation_mode:=single', 'max_generation_s:=1.0',
+                      'conversation_mode:=single', 'max_generation_s:=3.0',
                       f'max_new_tokens:={MAX_NEW}')
     p = connect(proc, SINGLE_NS)
     yield p
@@ -485,6 +555,29 @@ def test_single_mode_answers_each_prompt_alone(single, reference):
     assert int(single.pool()[2]['prefix_hits']) > 0
     # Single mode drops the conversation after each answer; diagnostics may lag one period.
     single.spin_until(lambda: single.pool()[2]['used_blocks'] == '0', 5.0, 'used_blocks 0')
+
+
+def test_two_clients_each_get_their_own_answer(single, reference):
+    texts = ('What colour is the shape?', 'Describe the scene in detail.')
+    greedy = SamplingParams(max_tokens=MAX_NEW)
+    expected = []
+    for text in texts:
+        conv = reference.new_conversation(SYSTEM)
+        expected.append(reference.chat(conv, text, sampling=greedy).text)
+        reference.reset(conv)
+    assert expected[0] != expected[1]
+    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client']
+    clients = [subprocess.Popen(cmd + ['-n', SINGLE_NS, '--timeout', '120', text],
+                                env=ros_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for text in texts]
+    outs = [c.communicate(timeout=180) for c in clients]
+    for client, (out, err), answer in zip(clients, outs, expected, strict=True):
+        assert client.returncode == 0, err[-2000:]
+        assert out.rstrip('\n') == answer and 'finish_reason=' in err
+    single.spin_until(lambda: {i['prompt'] for i in single.infos} >= set(texts), 10.0,
+                      'both infos')
+    ids = {i['prompt']: i['request_id'] for i in single.infos}
+    assert ids[texts[0]] != ids[texts[1]]
 
 
 def test_max_generation_s_ends_the_answer_with_timeout(single):
@@ -511,21 +604,14 @@ def test_load_failure_exits_non_zero_with_one_fatal_line(tmp_path):
     assert 'Traceback' not in proc.stdout + proc.stderr
 
 
-def test_empty_model_path_falls_back_to_a_cached_random_checkpoint(tmp_path, monkeypatch):
-    from orin_llm_node import node as node_mod
-    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
-    monkeypatch.setattr(node_mod, 'DEMO_MODEL_DIR', tmp_path / 'no_demo_model')
-    said = []
-    path, random = node_mod.resolve_model_path('', said.append)
-    assert random and (path / 'config.json').is_file() and path.is_relative_to(tmp_path)
-    assert len(said) == 1 and 'RANDOM' in said[0]
-    assert node_mod.resolve_model_path('', said.append) == (path, True)
-    assert len(said) == 1, 'generated once, then reused'
-    demo = tmp_path / 'demo_model'
-    demo.mkdir()
-    (demo / 'config.json').write_text('{}')
-    monkeypatch.setattr(node_mod, 'DEMO_MODEL_DIR', demo)
-    assert node_mod.resolve_model_path('', said.append) == (demo, False)
+def test_empty_model_path_is_the_demo_checkpoint_or_a_clear_error(tmp_path, monkeypatch):
+    from orin_llm_node import package_files
+    from orin_llm_node.ros import model_loading
+    assert model_loading.resolve_model_path('') == package_files.DEMO_MODEL_DIR
+    assert model_loading.resolve_model_path(str(tmp_path)) == tmp_path
+    monkeypatch.setattr(package_files, 'DEMO_MODEL_DIR', tmp_path / 'no_demo_model')
+    with pytest.raises(ValueError, match='set model_path'):
+        model_loading.resolve_model_path('')
 
 
 def test_bad_parameter_exits_with_one_line(tmp_path):
@@ -535,3 +621,23 @@ def test_bad_parameter_exits_with_one_line(tmp_path):
     assert proc.returncode != 0
     out = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(out) == 1 and "'top_p'" in out[0], out
+
+
+@pytest.mark.parametrize('signals', [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM,)],
+                         ids=['two-sigints', 'sigterm'])
+def test_a_signal_while_loading_exits_at_once_with_code_0(tiny_ckpt, tmp_path, signals):
+    proc = start_node(tiny_ckpt, '/llm_signal', tmp_path)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while ']: loading ' not in proc.log_path.read_text():
+            assert proc.poll() is None, proc.log_path.read_text()[-2000:]
+            assert time.monotonic() < deadline, 'never started loading'
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.1)
+        assert proc.wait(timeout=30) == 0, proc.log_path.read_text()[-2000:]
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        stop(proc)

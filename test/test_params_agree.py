@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""config/orin_llm.yaml, the parameters the node declares and the launch arguments agree.
+"""config/orin_llm.yaml and the launch file follow the node's one parameter table.
 
 The launch file is read with ``ast`` (no ``launch`` needed); the node is constructed in-process
 (its worker, which loads the model, is never started), so its real declarations are checked.
@@ -16,12 +16,13 @@ rclpy = pytest.importorskip('rclpy')
 
 from rclpy.parameter import Parameter  # noqa: E402
 
-from orin_llm_node import node as node_mod  # noqa: E402
+from orin_llm_node.ros import parameters  # noqa: E402
+from orin_llm_node.ros.node import OrinLLMNode  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 YAML_PATH = REPO / 'config' / 'orin_llm.yaml'
 LAUNCH_PATH = REPO / 'launch' / 'orin_llm.launch.py'
-SPEC = {p.name: p for p in node_mod.PARAMETERS}
+SPEC = {p.name: p for p in parameters.PARAMETERS}
 
 
 def _yaml_params():
@@ -32,15 +33,6 @@ def _yaml_params():
 
 def _launch_tree():
     return ast.parse(LAUNCH_PATH.read_text())
-
-
-def _launch_parameter_types():
-    for node in ast.walk(_launch_tree()):
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', '') == \
-                'PARAMETER_TYPES':
-            pairs = zip(node.value.keys, node.value.values, strict=True)
-            return {ast.literal_eval(k): v.id for k, v in pairs}
-    raise AssertionError('PARAMETER_TYPES not found in the launch file')
 
 
 def _launch_arguments():
@@ -58,12 +50,12 @@ def _launch_arguments():
 
 def test_yaml_lists_every_parameter_with_the_node_default_and_type():
     params = _yaml_params()
-    assert list(params) == list(SPEC), 'same parameters, same order as node.PARAMETERS'
+    assert list(params) == list(SPEC), 'same parameters, same order as parameters.PARAMETERS'
     for name, value in params.items():
         default = SPEC[name].default
         assert type(value) is type(default), f'{name}: YAML type differs from the node'
         assert value == default, f'{name}: YAML {value!r} != node default {default!r}'
-        assert node_mod.check_parameter(name, value) is None
+        assert parameters.check_parameter(name, value) is None
 
 
 def test_every_yaml_parameter_has_a_comment():
@@ -74,17 +66,23 @@ def test_every_yaml_parameter_has_a_comment():
             assert lines[i - 1].strip().startswith('#'), f'{key} has no comment above it'
 
 
-def test_launch_arguments_cover_every_parameter():
-    types = _launch_parameter_types()
-    assert list(types) == list(SPEC)
-    for name, kind in types.items():
-        assert kind == type(SPEC[name].default).__name__, f'{name}: launch type {kind}'
+def test_the_launch_file_makes_its_arguments_from_the_parameter_table():
+    tree = _launch_tree()
+    imports = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               for a in n.names}
+    assert ('orin_llm_node.ros.parameters', 'PARAMETERS') in imports
+    # No parameter name is spelled out in the launch file: they all come from the table.
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+    assert not literals & set(SPEC), literals & set(SPEC)
     args = _launch_arguments()
     assert args['namespace'] == 'orin_llm'
     assert args['image_topic'] == 'image'
+    assert args['lifecycle'] == 'false' and args['autostart'] == 'true'
     assert 'params_file' in args
-    # Issue 5 names these explicitly; they come from the per-parameter loop.
-    assert {'model_path', 'device'} <= set(types)
+    assert parameters.from_text('max_new_tokens', '64') == 64
+    assert parameters.from_text('enable_cuda_graph', 'False') is False
+    with pytest.raises(parameters.ParameterError, match='top_k'):
+        parameters.from_text('top_k', 'many')
 
 
 @pytest.fixture
@@ -95,7 +93,7 @@ def make_node():
 
     def factory(**overrides):
         params = [Parameter(k, value=v) for k, v in overrides.items()]
-        made.append(node_mod.OrinLLMNode(context=context, parameter_overrides=params))
+        made.append(OrinLLMNode(context=context, parameter_overrides=params))
         return made[-1]
 
     yield factory
@@ -116,7 +114,7 @@ def test_declared_parameters_match(make_node):
         assert descriptor.description, name
         assert descriptor.read_only == (not spec.runtime), name
         assert declared[name].value == spec.default
-    assert set(node_mod.RUNTIME_PARAMETERS) == {
+    assert set(parameters.RUNTIME_PARAMETERS) == {
         'max_new_tokens', 'temperature', 'top_p', 'top_k', 'seed', 'system_prompt'}
 
 
@@ -129,7 +127,7 @@ def test_declared_parameters_match(make_node):
     ('kv_block_size', 0), ('seed', -2), ('temperature', 1),
 ])
 def test_bad_values_fail_with_one_line_naming_the_parameter(make_node, name, value):
-    with pytest.raises(node_mod.ParameterError) as err:
+    with pytest.raises(parameters.ParameterError) as err:
         make_node(**{name: value})
     text = str(err.value)
     assert f"'{name}'" in text and '\n' not in text
@@ -137,7 +135,7 @@ def test_bad_values_fail_with_one_line_naming_the_parameter(make_node, name, val
 
 @pytest.mark.ros
 def test_cross_parameter_check(make_node):
-    with pytest.raises(node_mod.ParameterError, match='image_min_pixels'):
+    with pytest.raises(parameters.ParameterError, match='image_min_pixels'):
         make_node(image_min_pixels=500000, image_max_pixels=1000)
 
 
@@ -154,3 +152,11 @@ def test_runtime_parameters_are_validated_when_set(make_node):
     ro = node.set_parameters([Parameter('queue_size', value=9)])[0]
     assert not ro.successful
     assert node.get_parameter('queue_size').value == 4
+
+
+@pytest.mark.ros
+def test_engine_values_are_checked_by_the_engine_alone(make_node):
+    # The engine's own names are accepted because the engine is the one that checks them.
+    assert make_node(dtype='bf16').params['dtype'] == 'bf16'
+    with pytest.raises(parameters.ParameterError, match="'kv_block_size' = -3: block_size"):
+        make_node(kv_block_size=-3)

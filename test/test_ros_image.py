@@ -11,8 +11,8 @@ import cv2
 import numpy as np
 import pytest
 
-from orin_llm_node import ros_image
-from orin_llm_node.ros_image import ImageConversionError
+from orin_llm_node.ros import ros_image
+from orin_llm_node.ros.ros_image import ImageConversionError
 
 sensor_msgs = pytest.importorskip('sensor_msgs.msg')
 
@@ -187,11 +187,56 @@ def test_unknown_encoding_names_the_supported_ones():
     assert '\n' not in str(err.value)
 
 
+def png_header_only(width, height):
+    """A PNG whose header is valid (so it passes the arrival checks) and whose pixels are gone."""
+    ok, buf = cv2.imencode('.png', np.zeros((height, width, 3), np.uint8))
+    assert ok
+    data = buf.tobytes()
+    return data[:data.index(b'IDAT') + 8]       # up to a few bytes into the pixel data
+
+
+def png_bomb(width, height):
+    """A real grey PNG of ``width`` x ``height`` built row by row (tiny when compressed)."""
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return (struct.pack('>I', len(body)) + kind + body
+                + struct.pack('>I', zlib.crc32(kind + body) & 0xffffffff))
+
+    packer = zlib.compressobj(9)
+    row = bytes(width + 1)                       # filter byte 0 + grey pixels
+    idat = b''.join(packer.compress(row) for _ in range(height)) + packer.flush()
+    ihdr = struct.pack('>IIBBBBB', width, height, 8, 0, 0, 0, 0)
+    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', ihdr) + chunk(b'IDAT', idat)
+            + chunk(b'IEND', b''))
+
+
+def test_compressed_images_are_sized_from_their_header_before_decoding():
+    with pytest.raises(ImageConversionError, match='8192x8192 is absurd'):
+        ros_image.check_compressed(_compressed(png_bomb(8192, 8192), 'png'))
+    bomb = _compressed(png_bomb(16000, 16000), 'png')      # Pillow's own bomb limit too
+    assert len(bomb.data) < 1_000_000
+    with pytest.raises(ImageConversionError, match='absurd'):
+        ros_image.check_compressed(bomb)
+    with pytest.raises(ImageConversionError, match='aspect ratio 300.0'):
+        ros_image.check_compressed(_compressed(png_bomb(300, 1), 'png'))
+    assert ros_image.compressed_size(png_header_only(64, 48), 'png') == (64, 48)
+
+
+def test_the_arrival_check_matches_the_image_processor():
+    from orin_llm_node.processing import image
+    assert ros_image.MAX_ASPECT_RATIO == image.MAX_ASPECT_RATIO
+    with pytest.raises(ImageConversionError, match='aspect ratio'):
+        ros_image.check_image(_image(b'\0' * 900, 'rgb8', width=300, height=1))
+
+
 @pytest.mark.parametrize('data,fmt,reason', [
     (b'', 'jpeg', 'no data'),
     (b'not an image at all', 'jpeg', 'magic'),
-    (b'\xff\xd8\xff\xe0' + b'\0' * 64, 'jpeg', 'could not be decoded'),
-    (b'\x89PNG\r\n\x1a\n' + b'\0' * 64, 'png', 'could not be decoded'),
+    (b'\xff\xd8\xff\xe0' + b'\0' * 64, 'jpeg', 'header could not be read'),
+    (b'\x89PNG\r\n\x1a\n' + b'\0' * 64, 'png', 'header could not be read'),
+    (png_header_only(64, 48), 'png', 'could not be decoded'),
     (b'\x89PNG\r\n\x1a\n' + b'\0' * 64, 'jpeg', 'but data is png'),
     (b'\x89PNG\r\n\x1a\n' + b'\0' * 64, '16UC1; compressedDepth png', 'depth'),
     (b'\xff\xd8\xff\xe0' + b'\0' * 64, 'tiff', 'unsupported compressed format'),

@@ -333,3 +333,4 @@ class _TurnState:
         self.vision_s = 0.0
         self.tail = ""
         self.result: ChatResult | None = None
+

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``make demo``: start the node on the embedded checkpoint, show it a red circle, ask about it.
 
-    python -m orin_llm_node.demo [--max-new-tokens N] [--timeout S]
+    python -m orin_llm_node.ros.demo [--max-new-tokens N] [--timeout S]
 
 Starts the ``orin_llm_node`` executable as a subprocess (``model_path`` empty: the embedded demo
 checkpoint, or a tiny random one if none is installed) on a private loopback-only DDS domain,
@@ -13,7 +13,6 @@ Ctrl-C (SIGINT) and exits 0 when all of that worked.
 
 import argparse
 import os
-from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -48,9 +47,8 @@ def isolated_ros_env(env=None):
 
 
 def node_command(max_new_tokens):
-    """The node executable (the console script if installed) with the demo's arguments."""
-    exe = Path(sys.executable).with_name('orin_llm_node')
-    cmd = [str(exe)] if exe.is_file() else [sys.executable, '-m', 'orin_llm_node.node']
+    """The node, run as a module (whatever console scripts an old install left), and its args."""
+    cmd = [sys.executable, '-m', 'orin_llm_node.ros.main']
     config = share_dir() / 'config' / 'orin_llm.yaml'
     cmd += ['--ros-args', '--params-file', str(config), '-r', f'__ns:={NAMESPACE}',
             '-p', f'max_new_tokens:={max_new_tokens}']
@@ -76,8 +74,8 @@ def run(max_new_tokens, timeout_s):
     from rclpy.signals import SignalHandlerOptions
     from sensor_msgs.msg import Image
 
-    from orin_llm_node.chat_client import LLMClient
-    from orin_llm_node.ros_image import rgb_to_image
+    from orin_llm_node.ros.chat_client import LLMClient
+    from orin_llm_node.ros.ros_image import rgb_to_image
 
     print(f'[demo] starting the node (ROS_DOMAIN_ID={env["ROS_DOMAIN_ID"]}, loopback only)',
           flush=True)
@@ -140,8 +138,8 @@ def run(max_new_tokens, timeout_s):
 
 
 def main(args=None):
-    """Entry point (``python -m orin_llm_node.demo``)."""
-    parser = argparse.ArgumentParser(prog='python -m orin_llm_node.demo',
+    """Entry point (``python -m orin_llm_node.ros.demo``)."""
+    parser = argparse.ArgumentParser(prog='python -m orin_llm_node.ros.demo',
                                      description=__doc__.split('\n')[0])
     parser.add_argument('--max-new-tokens', type=int, default=48,
                         help='longest answer (default 48)')

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Engine statistics -> diagnostic_msgs/DiagnosticStatus, and when to publish them.
 
-Two statuses (DESIGN §5): ``<node>: kv_block_pool`` (block counts and exhaustion-ladder
+Two statuses (docs/architecture.md): ``<node>: kv_block_pool`` (block counts and exhaustion-ladder
 counters) and ``<node>: generation`` (latency, queue, last request).  Levels are judged on what
 happened *in the last period*: a counter that grew less than ``period_s`` ago (as first seen by
 :meth:`DiagnosticsMonitor.update`) raises the level, so one exhaustion shows as ERROR in at least
@@ -12,7 +12,8 @@ and at once when a level changes -- never per block or per token.
 Everything here is pure (the caller passes the clock), so it is unit-tested without rclpy.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+import threading
 
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
@@ -43,11 +44,12 @@ _WINDOWED = {
 }
 
 
-@dataclass
-class GenerationInfo:
-    """What the node knows about generation; owned and mutated by its worker thread."""
+@dataclass(frozen=True)
+class GenerationSnapshot:
+    """What the node knows about generation at one moment (see :class:`GenerationInfo`)."""
 
-    state: str = 'loading'          # loading | ready | failed
+    state: str = 'loading'          # unconfigured | loading | inactive | ready | failed |
+    #                                 finalized (the node's lifecycle)
     device: str = ''
     dtype: str = ''
     weight_format: str = ''         # dtype name, or quantized layers' source:format
@@ -63,6 +65,38 @@ class GenerationInfo:
     last_image_stamp: float | None = None
     last_finish_reason: str = ''
     detail: str = ''                # e.g. the load error
+    camera: str = ''                # why the node is blind (a camera matched, no frames)
+
+
+class GenerationInfo:
+    """The node's generation facts, written by the executor and the worker thread alike.
+
+    Every write goes through :meth:`update` / :meth:`add` and every read through
+    :meth:`snapshot`, all under one lock, so no update is ever lost (``errors`` counted from
+    two threads at once included); there are no attributes to assign to by mistake.
+    """
+
+    __slots__ = ('_lock', '_state')
+
+    def __init__(self, **values):
+        self._lock = threading.Lock()
+        self._state = GenerationSnapshot(**values)
+
+    def update(self, **values):
+        """Set fields (names as in :class:`GenerationSnapshot`)."""
+        with self._lock:
+            self._state = replace(self._state, **values)
+
+    def add(self, **counts):
+        """Add to counters, e.g. ``add(errors=1)``."""
+        with self._lock:
+            self._state = replace(self._state, **{
+                name: getattr(self._state, name) + n for name, n in counts.items()})
+
+    def snapshot(self):
+        """The current facts, as one consistent frozen :class:`GenerationSnapshot`."""
+        with self._lock:
+            return self._state
 
 
 def _fmt(value):
@@ -127,14 +161,22 @@ def pool_status(stats, recent, warn_fraction, name='orin_llm: kv_block_pool', ha
 
 
 def generation_status(info, recent, name='orin_llm: generation', hardware_id=''):
-    """Build the ``generation`` status from a :class:`GenerationInfo`."""
+    """Build the ``generation`` status from a :class:`GenerationInfo` (or a snapshot of one)."""
+    if isinstance(info, GenerationInfo):
+        info = info.snapshot()
     values = [(k, getattr(info, k)) for k in GENERATION_KEYS]
     values.append(('dropped_prompts', info.dropped_prompts))
+    values.append(('camera', 'blind' if info.camera else 'ok'))
+    values.append(('state', info.state))
     if info.state == 'failed':
         return _status(ERROR, name, f'engine failed: {info.detail}', hardware_id, values)
     if info.state == 'loading':
         return _status(OK, name, info.detail or 'loading model', hardware_id, values)
-    problems = []
+    if info.state in ('unconfigured', 'inactive', 'finalized'):   # managed: not answering
+        level = WARN if info.detail else OK
+        return _status(level, name, f'{info.state}' + (f': {info.detail}' if info.detail
+                                                        else ''), hardware_id, values)
+    problems = [info.camera] if info.camera else []
     if recent.get('errors', 0):
         problems.append(f"{recent['errors']} request error(s)")
     if recent.get('dropped_prompts', 0):
@@ -179,6 +221,7 @@ class DiagnosticsMonitor:
 
     def statuses(self, now, pool_stats, info):
         """Both statuses for time ``now`` (seconds, any monotonic clock); updates the windows."""
+        info = info.snapshot() if isinstance(info, GenerationInfo) else info
         counters = {}
         if pool_stats is not None:
             counters = {k: getattr(pool_stats, k, None) for k in _WINDOWED}

@@ -8,19 +8,28 @@ one-line reason (published on ``error`` by the node) instead of crashing or sile
 red and blue.  Only numpy and OpenCV are needed (no cv_bridge), and the message objects are only
 duck-typed, so the functions can be used without rclpy.
 
-``check_image`` is O(1) (header fields only) and runs in the subscription callback;
-``image_to_rgb`` / ``compressed_to_rgb`` do the pixel work and run on the worker thread.
+``check_image`` / ``check_compressed`` look at headers only (a compressed image is sized from
+its PNG/JPEG header, never decoded) and run when the image arrives, with every geometry check
+the engine's image processor would make; ``image_to_rgb`` / ``compressed_to_rgb`` do the pixel
+work and run on the worker thread, only for an image a prompt takes.
 """
 
 import array
+import io
+import warnings
 
 import cv2
 import numpy as np
+from PIL import Image as PILImage
 
-# Limits: far above any robot camera, far below what would exhaust memory.
+# Limits: far above any robot camera, far below what would exhaust memory (a compressed image
+# at MAX_PIXELS decodes to 3 x 32 MiB on the worker; a larger one is refused from its header).
 MAX_SIDE = 16384
-MAX_PIXELS = 64 * 1024 * 1024
+MAX_PIXELS = 32 * 1024 * 1024
 MAX_COMPRESSED_BYTES = 64 * 1024 * 1024
+# The engine's image processor refuses more elongated images (processing/image.py says the same;
+# test/test_ros_image.py keeps the two equal without importing torch here).
+MAX_ASPECT_RATIO = 200
 
 # encoding -> (channels, bytes per channel).  8UC1/8UC3 follow OpenCV's BGR convention.
 _LAYOUT = {
@@ -82,6 +91,10 @@ def _check_size(width, height):
         raise ImageConversionError(
             f'image size {width}x{height} is absurd (limits: side <= {MAX_SIDE}, '
             f'{MAX_PIXELS} pixels)')
+    ratio = max(width, height) / min(width, height)
+    if ratio > MAX_ASPECT_RATIO:
+        raise ImageConversionError(
+            f'image aspect ratio {ratio:.1f} ({width}x{height}) exceeds {MAX_ASPECT_RATIO}')
 
 
 def check_image(msg):
@@ -164,7 +177,21 @@ def check_compressed(msg):
             f"compressed image data is not {named or 'jpeg/png'} (bad magic bytes)")
     if named is not None and named != kind:
         raise ImageConversionError(f"compressed format says '{msg.format}' but data is {kind}")
+    _check_size(*compressed_size(msg.data, kind))
     return kind
+
+
+def compressed_size(data, kind):
+    """(width, height) from a PNG/JPEG header, without decoding the pixels."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', PILImage.DecompressionBombWarning)
+            with PILImage.open(io.BytesIO(bytes(data))) as img:     # reads the header only
+                return img.size
+    except PILImage.DecompressionBombError as exc:      # far beyond our own limits
+        raise ImageConversionError(f'{kind} image size is absurd ({exc})') from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise ImageConversionError(f'{kind} header could not be read ({exc})') from None
 
 
 def compressed_to_rgb(msg):

@@ -1,0 +1,273 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""``orin_llm_chat``: ask the running node one question and print its answer.
+
+    orin_llm_chat "What is in front of you?"
+    orin_llm_chat --image shelf.jpg "How many boxes are on the shelf?"
+    orin_llm_chat -n /robot1/orin_llm --timeout 120 "Is the path clear?"
+
+The on-robot counterpart of ``ros2 topic pub --once .../prompt`` + ``ros2 topic echo
+.../response``: waits for the node's latched ``ready``, sends the image as a
+``sensor_msgs/CompressedImage`` on ``image/compressed`` (JPEG/PNG files as they are, anything
+else OpenCV reads re-encoded as PNG: a compressed frame is small, so it arrives whatever the
+DDS transport), waits until the node's reader has acknowledged it, publishes the prompt and
+prints the answer that ``response/info`` names as the answer to *this* prompt, then its finish
+reason on stderr.  Ctrl-C cancels the answer on the node.  Exit status: 0 answered (with the
+image, when one was given), 1 error, timeout, refusal, or an answer produced without the image.
+"""
+
+import argparse
+import array
+import json
+import os
+from pathlib import Path
+import sys
+import time
+
+import rclpy
+from rclpy.duration import Duration
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.signals import SignalHandlerOptions
+from rclpy.utilities import remove_ros_args
+from sensor_msgs.msg import CompressedImage
+from std_msgs.msg import Bool, String
+from std_srvs.srv import Trigger
+
+_RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
+                       reliability=ReliabilityPolicy.RELIABLE)
+_STREAM = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100,
+                     reliability=ReliabilityPolicy.RELIABLE)
+_LATCHED = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                      reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+
+class LLMClient(Node):
+    """Talks to one ``orin_llm`` node (topics under ``namespace``)."""
+
+    def __init__(self, namespace='/orin_llm', node_name='orin_llm_chat', **kwargs):
+        super().__init__(node_name, **kwargs)
+        ns = '/' + namespace.strip('/') if namespace.strip('/') else ''
+        self.topic = lambda name: f'{ns}/{name}'
+        self.ready = False
+        self.deltas = []
+        self.infos = []
+        self.errors = []
+        self.on_delta = None
+        self.on_error = None
+        self._image_pubs = {}           # created on first use: no idle image publisher
+        self.pub_prompt = self.create_publisher(String, self.topic('prompt'), _RELIABLE)
+        self.create_subscription(Bool, self.topic('ready'), self._on_ready, _LATCHED)
+        self.create_subscription(String, self.topic('response/stream'), self._on_delta, _STREAM)
+        self.create_subscription(String, self.topic('response/info'), self._on_info, _RELIABLE)
+        self.create_subscription(String, self.topic('error'), self._on_error, _RELIABLE)
+        self.cancel_client = self.create_client(Trigger, self.topic('cancel'))
+
+    def _on_ready(self, msg):
+        self.ready = msg.data
+
+    def _on_delta(self, msg):
+        self.deltas.append(msg.data)
+        if self.on_delta:
+            self.on_delta(msg.data)
+
+    def _on_info(self, msg):
+        try:
+            self.infos.append(json.loads(msg.data))
+        except ValueError:
+            pass                        # not ours to judge; the node always sends JSON
+
+    def _on_error(self, msg):
+        self.errors.append(msg.data)
+        if self.on_error:
+            self.on_error(msg.data)
+
+    def spin_until(self, condition, timeout_s):
+        """Spin this node until ``condition()`` is true; returns whether it became true."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            left = deadline - time.monotonic()
+            if left <= 0 or not rclpy.ok(context=self.context):
+                return False
+            rclpy.spin_once(self, timeout_sec=min(left, 0.1))
+        return True
+
+    def wait_ready(self, timeout_s):
+        """Wait for the latched ``ready`` and for the node's prompt subscription to match ours."""
+        return self.spin_until(
+            lambda: self.ready and self.pub_prompt.get_subscription_count() > 0, timeout_s)
+
+    def image_publisher(self, msg_type, topic=None):
+        """The (reliable) publisher for ``msg_type`` on ``topic`` (default: the node's)."""
+        topic = topic or self.topic('image/compressed' if msg_type is CompressedImage
+                                    else 'image')
+        if topic not in self._image_pubs:
+            self._image_pubs[topic] = self.create_publisher(msg_type, topic, _RELIABLE)
+        return self._image_pubs[topic]
+
+    def send_image(self, msg, topic=None, match_timeout_s=5.0):
+        """Publish an Image or CompressedImage once a subscriber matched, and wait for its ack.
+
+        Returns False when nothing subscribes to the topic (e.g. the node's image topic is
+        remapped elsewhere) or the subscriber did not acknowledge the image in time.
+        """
+        pub = self.image_publisher(type(msg), topic)
+        if not self.spin_until(lambda: pub.get_subscription_count() > 0, match_timeout_s):
+            return False
+        pub.publish(msg)
+        # Reliable: the node's reader has the image before the prompt goes out (they travel
+        # on different topics); then let its executor take it.
+        acked = pub.wait_for_all_acked(Duration(seconds=match_timeout_s))
+        self.spin_until(lambda: False, 0.1)
+        return acked
+
+    def ask(self, text, timeout_s):
+        """Publish ``text`` and wait for its ``response``; returns the answer or None."""
+        info = self.ask_tagged(text, timeout_s)
+        return None if info is None else info.get('text')
+
+    def ask_tagged(self, text, timeout_s):
+        """Publish ``text`` and return the node's ``response/info`` for it (or None on timeout).
+
+        The node answers prompts in order, one ``response/info`` JSON object per prompt
+        (answered or refused); ours is the first one naming our prompt after we sent it.
+        """
+        before = len(self.infos)
+        self.deltas = []
+        self.pub_prompt.publish(String(data=text))
+
+        def mine():
+            return next((i for i in self.infos[before:] if i.get('prompt') == text), None)
+
+        if not self.spin_until(lambda: mine() is not None, timeout_s):
+            return None
+        return mine()
+
+    def stream_rest(self, answer, timeout_s=2.0):
+        """Wait for deltas still in flight after ``answer``; return the part not streamed.
+
+        ``response/info`` and ``response/stream`` are different topics, so the last deltas may land
+        after the whole answer.
+        """
+        self.spin_until(lambda: ''.join(self.deltas) == answer, timeout_s)
+        streamed = ''.join(self.deltas)
+        return answer[len(streamed):] if answer.startswith(streamed) else ''
+
+    def cancel(self, timeout_s=2.0):
+        """Ask the node to stop the answer in progress."""
+        if not self.cancel_client.wait_for_service(timeout_sec=timeout_s):
+            return False
+        future = self.cancel_client.call_async(Trigger.Request())
+        self.spin_until(future.done, timeout_s)
+        return future.done() and future.result().success
+
+
+def image_message(path):
+    """A CompressedImage of the file: JPEG/PNG as they are, anything else re-encoded as PNG."""
+    data = Path(path).read_bytes()
+    msg = CompressedImage()
+    if data[:3] == b'\xff\xd8\xff' or data[:8] == b'\x89PNG\r\n\x1a\n':
+        msg.format = 'jpeg' if data[:3] == b'\xff\xd8\xff' else 'png'
+    else:
+        import cv2
+        import numpy as np
+
+        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise ValueError(f'{path}: not an image OpenCV can read')
+        ok, png = cv2.imencode('.png', bgr)     # lossless: the node sees the file's pixels
+        if not ok:
+            raise ValueError(f'{path}: could not be encoded as PNG')
+        msg.format, data = 'png', png.tobytes()
+    msg.data = array.array('B', data)
+    return msg
+
+
+def _image_verdict(info, msg):
+    """None when ``info`` says our image was paired, else why the answer did without it."""
+    image = info.get('image')
+    if image is not None and image.get('frame_id') == msg.header.frame_id:
+        return None
+    if image is not None:
+        return 'the node paired another image with the prompt'
+    return info.get('no_image') or 'the node did not pair an image with the prompt'
+
+
+def main(args=None):
+    """Entry point of ``orin_llm_chat``."""
+    parser = argparse.ArgumentParser(prog='orin_llm_chat', description=__doc__.split('\n')[0])
+    parser.add_argument('prompt', nargs='+', help='the question (words are joined)')
+    parser.add_argument('-i', '--image', help='image file to send with the prompt')
+    parser.add_argument('-n', '--namespace', default='/orin_llm',
+                        help='namespace of the node (default: /orin_llm, as the launch file)')
+    parser.add_argument('--image-topic', default=None,
+                        help='CompressedImage topic the node reads (default: '
+                             '<namespace>/image/compressed; with the launch file\'s '
+                             'image_topic:=T, T/compressed)')
+    parser.add_argument('--timeout', type=float, default=300.0,
+                        help='seconds to wait for the node and for the answer (default 300)')
+    argv = sys.argv[1:] if args is None else list(args)
+    ros_args = remove_ros_args(['orin_llm_chat'] + argv)[1:]
+    opts = parser.parse_args(ros_args)
+    image = None
+    if opts.image:
+        try:
+            image = image_message(opts.image)
+        except (OSError, ValueError) as exc:
+            print(f'orin_llm_chat: {exc}', file=sys.stderr)
+            return 1
+    # No rclpy signal handlers: Ctrl-C must leave the context up so that we can call cancel.
+    rclpy.init(args=['orin_llm_chat'] + argv, signal_handler_options=SignalHandlerOptions.NO)
+    client = LLMClient(opts.namespace)
+    client.on_error = lambda e: print(f'[node error] {e}', file=sys.stderr, flush=True)
+    try:
+        return _converse(client, opts, image)
+    except KeyboardInterrupt:
+        if rclpy.ok(context=client.context):
+            client.cancel()
+        print('\n(cancelled)', file=sys.stderr)
+        return 130
+    finally:
+        client.destroy_node()
+        rclpy.try_shutdown()
+
+
+def _converse(client, opts, image):
+    if not client.wait_ready(opts.timeout):
+        print(f'orin_llm_chat: no ready node under {opts.namespace} after {opts.timeout:g} s'
+              ' (is it running? same ROS_DOMAIN_ID?)', file=sys.stderr)
+        return 1
+    if image is not None:
+        # No stamp: the node ages the image from its arrival, so neither a slow hand-off nor
+        # another machine's clock can make it stale; a unique frame_id names it in the answer.
+        image.header.frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
+        topic = opts.image_topic or client.topic('image/compressed')
+        if not client.send_image(image, topic):
+            print(f'orin_llm_chat: the node did not take the image on {topic} (nothing '
+                  'subscribes there, or no acknowledgement): is its image topic remapped? '
+                  'Pass --image-topic.', file=sys.stderr)
+            return 1
+    info = client.ask_tagged(' '.join(opts.prompt), opts.timeout)
+    if info is None:
+        print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
+        return 1
+    if info.get('text') is None:
+        print(f"orin_llm_chat: prompt refused (request {info.get('request_id')}): "
+              f"{info.get('error')}", file=sys.stderr)
+        return 1
+    print(info['text'])
+    print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
+          f"{info.get('generated_tokens')} tokens, ttft {info.get('ttft_ms')} ms]",
+          file=sys.stderr)
+    if image is not None:
+        why = _image_verdict(info, image)
+        if why is not None:
+            print(f'orin_llm_chat: the answer above was produced WITHOUT your image: {why}',
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

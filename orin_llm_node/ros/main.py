@@ -1,0 +1,85 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""``orin_llm_node``: run the node until Ctrl-C, SIGTERM, a fatal error or ``shutdown``.
+
+    orin_llm_node [--managed] --ros-args -p model_path:=/models/Qwen3-VL-2B-Instruct
+
+``--managed`` starts a lifecycle node that waits for ``ros2 lifecycle set <node> configure``;
+without it the node configures and activates itself.  Exit status: 0 after a signal or the
+``shutdown`` transition (a second signal changes nothing), 1 when the model cannot be loaded,
+2 for an invalid parameter (one line naming it).
+"""
+
+import os
+import signal
+import sys
+import threading
+
+
+def main(args=None):
+    """Entry point of the ``orin_llm_node`` executable."""
+    # Ctrl-C and SIGTERM only set a flag, from before anything heavy is imported to the end;
+    # the main thread polls it between short spins, so a signal can never land inside a DDS
+    # call and teardown always starts.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    from orin_llm_node.ros import dds_profile
+    # Before the DDS participant exists (rclpy.init): large camera frames must reach us.
+    profile = dds_profile.apply()
+
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+    from rclpy.signals import SignalHandlerOptions
+    from rclpy.utilities import remove_ros_args
+
+    from orin_llm_node.ros.node import NODE_NAME, OrinLLMNode
+    from orin_llm_node.ros.parameters import ParameterError
+
+    argv = sys.argv if args is None else ['orin_llm_node', *args]
+    managed = '--managed' in remove_ros_args(argv)[1:]
+    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
+    node = None
+    code = 0
+    try:
+        node = OrinLLMNode(managed=managed)
+        node.dds_profile = profile
+        if profile:
+            node.get_logger().info(f'Fast DDS profile {profile} applied (camera frames over '
+                                   'UDP; set FASTDDS_DEFAULT_PROFILES_FILE to use your own)')
+        node.start()
+        while not stop.is_set() and not node.finished.is_set() and rclpy.ok():
+            rclpy.spin_once(node, timeout_sec=0.1)
+    except ParameterError as exc:
+        rclpy.logging.get_logger(NODE_NAME).fatal(str(exc))
+        code = 2
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        code = code or (node.exit_code if node is not None else 0)
+        # Teardown is bounded: a worker stuck in one long call (e.g. still loading weights) or
+        # a middleware teardown that blocks must not keep the process alive after a signal.
+        watchdog = threading.Timer(15.0, _hard_exit, args=(code,))
+        watchdog.daemon = True
+        watchdog.start()
+        if node is not None:
+            # Loading weights cannot be interrupted: a signal while loading ends the process at
+            # once (nothing is being answered yet) instead of waiting for the load to finish.
+            loading = node.info.snapshot().state == 'loading'
+            if not node.stop(timeout_s=1.0 if loading else 10.0):
+                _hard_exit(code)
+            code = code or node.exit_code
+            node.destroy_node()
+        rclpy.try_shutdown()
+        watchdog.cancel()
+    return code
+
+
+def _hard_exit(code):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,68 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""From the node's parameters to a warmed-up engine, and back to free memory (worker thread)."""
+
+from pathlib import Path
+import sys
+import time
+
+from orin_llm_node import package_files
+from orin_llm_node.ros.parameters import engine_config
+
+
+def resolve_model_path(model_path):
+    """The checkpoint directory: ``model_path``, or the embedded demo checkpoint when empty."""
+    if model_path:
+        return Path(model_path).expanduser()
+    demo = package_files.DEMO_MODEL_DIR
+    if (demo / 'config.json').is_file():
+        return demo
+    raise ValueError(f'model_path is empty and the demo checkpoint is not installed '
+                     f'({demo}): set model_path to a Qwen3-VL checkpoint directory')
+
+
+def load_engine(params, log):
+    """Load the checkpoint and warm it up; ``log`` is the node's logger."""
+    path = resolve_model_path(params['model_path'])
+    log.info(f"loading {path} (device={params['device']}, dtype={params['dtype']})...")
+    from orin_llm_node.engine import LLMEngine
+    t0 = time.monotonic()
+    engine = LLMEngine(engine_config(params, path))
+    stats = engine.stats()
+    mb = stats.total_blocks * stats.bytes_per_block / 2 ** 20
+    log.info(f'loaded in {time.monotonic() - t0:.1f} s on {engine.device} '
+             f'({engine.weight_format} weights, {engine.weight_bytes / 2 ** 20:.1f} MB); '
+             f'KV pool: {stats.total_blocks} blocks x {stats.block_size} tokens ({mb:.1f} MB)')
+    t0 = time.monotonic()
+    warm_up(engine)
+    log.info(f'warm-up done in {time.monotonic() - t0:.1f} s')
+    return engine
+
+
+def warm_up(engine):
+    """Run every code path once (vision tower, prefill, decode, graph capture where enabled).
+
+    No system prompt and a throw-away image, so it leaves nothing in the prefix cache that a
+    real prompt could hit.
+    """
+    import numpy as np
+
+    from orin_llm_node.engine import SamplingParams
+    conv = engine.new_conversation(system_prompt=None)
+    grey = np.full((64, 64, 3), 127, np.uint8)
+    engine.chat(conv, 'Hi', images=[grey], sampling=SamplingParams(max_tokens=2))
+    engine.reset(conv)
+
+
+def release_memory():
+    """Give freed weights back to the system (CUDA caching allocator, glibc arenas)."""
+    import gc
+    gc.collect()
+    torch = sys.modules.get('torch')
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        import ctypes
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass                            # not glibc: the allocator keeps what it keeps

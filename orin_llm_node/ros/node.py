@@ -1,0 +1,299 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The ROS 2 node ``orin_llm``: its publishers, services, lifecycle and prompt intake.
+
+Threading: callbacks run on the executor and only check headers, remember the newest image
+(:mod:`~orin_llm_node.ros.intake`) and queue prompts; **one worker thread owns the engine**
+(:mod:`~orin_llm_node.ros.worker`: loading, warm-up, graph capture, answers).  docs/architecture.md
+draws the whole picture.
+"""
+
+import json
+import logging
+import threading
+import time
+
+from diagnostic_msgs.msg import DiagnosticArray
+import rclpy
+from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from std_msgs.msg import Bool, String
+from std_srvs.srv import Trigger
+
+from orin_llm_node.ros import parameters
+from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
+from orin_llm_node.ros.intake import ImageIntake, Request
+from orin_llm_node.ros.worker import Worker, preview
+
+NODE_NAME = 'orin_llm'
+# Deep enough that DDS never drops a prompt while the executor is busy: every prompt reaches
+# _on_prompt, where an overflow of the queue (queue_size) is reported.
+PROMPT_DEPTH = 1000
+
+
+def _qos(depth, latched=False):
+    return QoSProfile(
+        history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=ReliabilityPolicy.RELIABLE,
+        durability=DurabilityPolicy.TRANSIENT_LOCAL if latched else DurabilityPolicy.VOLATILE)
+
+
+class _RosLogHandler(logging.Handler):
+    """Forwards the engine's Python ``logging`` records (warnings and up) to the ROS logger."""
+
+    def __init__(self, ros_logger):
+        super().__init__(logging.WARNING)
+        self.ros_logger = ros_logger
+
+    def emit(self, record):
+        try:
+            text = f'{record.name}: {record.getMessage()}'
+            if record.levelno >= logging.ERROR:
+                self.ros_logger.error(text)
+            else:
+                self.ros_logger.warning(text)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
+class OrinLLMNode(LifecycleNode):
+    """Qwen3-VL node: see the README for its topics, services and parameters.
+
+    A managed (lifecycle) node: ``configure`` loads the weights, warms up and captures graphs
+    (on the worker thread), ``activate`` opens the image subscriptions and the services,
+    ``deactivate`` cancels the answer in flight and refuses the queued prompts, ``cleanup``
+    frees the engine, ``shutdown`` ends the process.  The prompt subscription lives from
+    ``configure`` to ``cleanup`` so that a prompt sent while inactive is refused with a reason.
+    Unless ``managed``, :meth:`start` runs configure and activate at once (the plain node).
+    """
+
+    def __init__(self, managed=False, **kwargs):
+        super().__init__(NODE_NAME, **kwargs)
+        self.managed = managed
+        self.params = parameters.declare(self)
+        self.exit_code = 0
+        self.dds_profile = None         # the Fast DDS profile main() applied, if any
+        self.finished = threading.Event()
+        self.info = GenerationInfo(state='unconfigured')
+        self.monitor = DiagnosticsMonitor(
+            period_s=self.params['diagnostics_period_s'],
+            warn_fraction=self.params['pool_warn_fraction'], node_name=self.get_name())
+        self._diag_lock = threading.Lock()
+        self._load_started = self._last_load_log = time.monotonic()
+        self._next_request_id = 1
+        self.pub_response = self.create_publisher(String, 'response', _qos(10))
+        self.pub_stream = self.create_publisher(String, 'response/stream', _qos(100))
+        self.pub_info = self.create_publisher(String, 'response/info', _qos(10))
+        self.pub_error = self.create_publisher(String, 'error', _qos(10))
+        self.pub_ready = self.create_publisher(Bool, 'ready', _qos(1, latched=True))
+        self.pub_diag = self.create_publisher(DiagnosticArray, '/diagnostics', _qos(10))
+        self.intake = ImageIntake(self)
+        self.worker = Worker(self)
+        self._prompt_sub = None         # from configure to cleanup
+        self._open_services = []        # from activate to deactivate
+        self.add_on_set_parameters_callback(lambda params: parameters.on_set(self, params))
+        self.create_timer(self.params['diagnostics_period_s'], self._on_idle_timer)
+        self.create_timer(1.0, self.intake.check_camera)
+        self.pub_ready.publish(Bool(data=False))
+        self._log_handler = _RosLogHandler(self.get_logger())
+
+    def runtime(self, name):
+        """The current value of a run-time parameter."""
+        return self.get_parameter(name).value
+
+    # ---- publishing (any thread) -----------------------------------------------------------
+
+    def _publish(self, pub, msg):
+        try:
+            pub.publish(msg)
+        except Exception as exc:  # noqa: BLE001 - shutting down: the context may be gone
+            if not self.finished.is_set() and rclpy.ok(context=self.context):
+                self.get_logger().error(f'publishing on {pub.topic_name} failed: {exc}')
+
+    def publish_stream(self, delta):
+        """A text delta on ``response/stream``."""
+        self._publish(self.pub_stream, String(data=delta))
+
+    def publish_response(self, text):
+        """A whole answer on ``response``."""
+        self._publish(self.pub_response, String(data=text))
+
+    def publish_info(self, info):
+        """One ``response/info`` JSON object (README: the schema)."""
+        self._publish(self.pub_info, String(data=json.dumps(info, ensure_ascii=False)))
+
+    def publish_error(self, text):
+        """Why something was refused, on ``error`` and in the log."""
+        self.get_logger().warning(text)
+        self._publish(self.pub_error, String(data=text))
+
+    def diagnostics(self, pool_stats=None, queue_depth=None, force=False, only_if_due=False):
+        """Publish /diagnostics if due (or ``force``); ``pool_stats`` only from the worker."""
+        now = time.monotonic()
+        if only_if_due and self.monitor.seconds_until_due(now) > 0:
+            return
+        if queue_depth is not None:
+            self.info.update(queue_depth=queue_depth)
+        with self._diag_lock:
+            statuses = self.monitor.update(now, pool_stats, self.info, force=force)
+        if statuses:
+            msg = DiagnosticArray()
+            msg.header.stamp = self.get_clock().now().to_msg()
+            msg.status = statuses
+            self._publish(self.pub_diag, msg)
+
+    def _on_idle_timer(self):
+        # Without an engine the worker cannot publish diagnostics: say what state we are in.
+        if self.worker.engine is not None:
+            return
+        now = time.monotonic()
+        if self.info.snapshot().state == 'loading':
+            elapsed = now - self._load_started
+            self.info.update(detail=f'loading model ({elapsed:.0f} s)')
+            if now - self._last_load_log >= 10.0:
+                self._last_load_log = now
+                self.get_logger().info(f'still loading the model ({elapsed:.0f} s)...')
+        self.diagnostics()
+
+    # ---- prompts and services (executor) ---------------------------------------------------
+
+    def _refuse(self, request_id, text, reason):
+        """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered."""
+        self.publish_error(f'request {request_id}: {reason}')
+        self.publish_info({'request_id': request_id, 'prompt': text, 'text': None,
+                           'image': None, 'finish_reason': 'refused', 'error': reason})
+
+    def _on_prompt(self, msg):
+        text = msg.data
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        if not text.strip():
+            self._refuse(request_id, text, 'empty prompt ignored')
+            return
+        if len(text) > parameters.MAX_PROMPT_CHARS:
+            self._refuse(request_id, text[:200], f'prompt of {len(text)} characters rejected '
+                         f'(limit {parameters.MAX_PROMPT_CHARS})')
+            return
+        state = self.info.snapshot().state
+        if state != 'ready':
+            self._refuse(request_id, text, f'node is {state}: activate it to take prompts')
+            return
+        now = self.get_clock().now().nanoseconds
+        image, no_image = self.intake.take(now, self.params['image_max_age_s'])
+        if no_image:
+            self.get_logger().info(f'{no_image}: the prompt is answered text-only')
+        capacity = self.params['queue_size']
+        dropped = self.worker.submit(Request(request_id, text, image, now, no_image), capacity)
+        self.info.update(queue_depth=self.worker.queue_depth())
+        if dropped is not None:
+            self.info.add(dropped_prompts=1)
+            self._refuse(dropped.request_id, dropped.text,
+                         f"queue full (queue_size {capacity}): dropped the oldest prompt "
+                         f"'{preview(dropped.text)}'")
+
+    def _on_reset(self, request, response):
+        del request
+        cancelled = self.worker.cancel()
+        self.worker.request_reset()
+        response.success = True
+        response.message = 'conversation reset' + (
+            ' (generation in progress cancelled)' if cancelled else '')
+        return response
+
+    def _on_cancel(self, request, response):
+        del request
+        response.success = self.worker.cancel()
+        response.message = ('generation cancelled' if response.success
+                            else 'no generation in progress')
+        return response
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self):
+        """Start the worker thread; the plain node also configures and activates itself."""
+        logging.getLogger('orin_llm_node').addHandler(self._log_handler)
+        self.worker.thread.start()
+        if not self.managed:
+            threading.Thread(target=self._autostart, name='orin_llm_autostart',
+                             daemon=True).start()
+
+    def _autostart(self):
+        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+            self.trigger_activate()
+
+    def stop(self, timeout_s):
+        """Stop the worker (cancelling a generation in progress); True if it has stopped."""
+        self.finished.set()
+        stopped = self.worker.stop(timeout_s)
+        logging.getLogger('orin_llm_node').removeHandler(self._log_handler)
+        return stopped
+
+    def on_configure(self, state):
+        """Load the weights, warm up and capture graphs; open the prompt subscription."""
+        self._load_started = self._last_load_log = time.monotonic()
+        self.info.update(state='loading', detail='loading model')
+        self.diagnostics(force=True)
+        if not self.worker.call('load'):
+            if self.finished.is_set():
+                return TransitionCallbackReturn.FAILURE
+            text = f'failed to load the model: {self.worker.load_error}'
+            if not self.managed:        # the plain node exits with code 1
+                self.get_logger().fatal(text)
+                self.info.update(state='failed', detail=text)
+                self.exit_code = 1
+                self.diagnostics(force=True)
+                rclpy.try_shutdown(context=self.context)
+                return TransitionCallbackReturn.FAILURE
+            self.get_logger().error(text)
+            self.info.update(state='unconfigured', detail=text)
+            self.publish_error(text)
+            self.diagnostics(force=True)
+            return TransitionCallbackReturn.FAILURE
+        self._prompt_sub = self.create_subscription(String, 'prompt', self._on_prompt,
+                                                    _qos(PROMPT_DEPTH))
+        self.info.update(state='inactive', detail='')
+        self.diagnostics(force=True)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state):
+        """Open the image subscriptions and the services; ``ready`` turns true."""
+        self.intake.subscribe(self.params['image_qos'])
+        self._open_services = [self.create_service(Trigger, 'reset', self._on_reset),
+                               self.create_service(Trigger, 'cancel', self._on_cancel)]
+        self.info.update(state='ready', detail='')
+        self._publish(self.pub_ready, Bool(data=True))
+        self.get_logger().info('ready: publish a prompt on '
+                               f"{self.resolve_topic_name('prompt')}")
+        self.diagnostics(force=True)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state):
+        """Stop taking prompts: cancel the answer in flight, refuse the queued ones."""
+        self.info.update(state='inactive')
+        self._publish(self.pub_ready, Bool(data=False))
+        self.intake.unsubscribe()
+        for srv in self._open_services:
+            self.destroy_service(srv)
+        self._open_services = []
+        for request in self.worker.drain():
+            self._refuse(request.request_id, request.text, 'node deactivated')
+        self.publish_error('deactivated: prompts are refused until the node is activated')
+        self.diagnostics(force=True)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state):
+        """Free the engine (weights, KV pool, graphs)."""
+        if self._prompt_sub is not None:
+            self.destroy_subscription(self._prompt_sub)
+            self._prompt_sub = None
+        self.worker.call('unload')
+        self.info.update(state='unconfigured', detail='')
+        self.diagnostics(force=True)
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state):
+        """From any state: stop answering; main() then stops the worker and exits 0."""
+        self.info.update(state='finalized')
+        self._publish(self.pub_ready, Bool(data=False))
+        self.worker.cancel()
+        self.finished.set()
+        return TransitionCallbackReturn.SUCCESS

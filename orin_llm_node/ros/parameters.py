@@ -1,0 +1,254 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The node's parameters: the one table, its checks, and what the node and launch make of it.
+
+:data:`PARAMETERS` is the single source: the node declares it, ``launch/orin_llm.launch.py``
+builds one launch argument per entry from it, and ``config/orin_llm.yaml`` and the README are
+checked against it (test/test_params_agree.py, test/test_readme.py).  Values are checked here,
+once, when the node starts or a run-time parameter is set.
+"""
+
+from dataclasses import dataclass
+import math
+from pathlib import Path
+
+MAX_PROMPT_CHARS = 100_000
+
+
+class ParameterError(ValueError):
+    """A parameter value the node cannot run with; ``str(err)`` is one line naming it."""
+
+
+def _model_path_ok(v):
+    if v == '' or (Path(v).expanduser() / 'config.json').is_file():
+        return None
+    return 'must be empty (demo checkpoint) or a checkpoint directory containing config.json'
+
+
+def _choice(*options):
+    def check(v):
+        return None if v in options else f"must be one of {', '.join(options)}"
+    return check
+
+
+def _int_at_least(low, high=None):
+    def check(v):
+        if v < low or (high is not None and v > high):
+            return f'must be an integer >= {low}' + (f' and <= {high}' if high else '')
+        return None
+    return check
+
+
+def _float_in(low, high=math.inf, low_open=False, allow_inf=False):
+    def check(v):
+        if math.isnan(v) or (math.isinf(v) and not allow_inf):
+            return 'must be a finite number'
+        if (v <= low if low_open else v < low) or v > high:
+            lo = '(' if low_open else '['
+            hi = 'inf)' if high == math.inf else f'{high}]'
+            return f'must be in {lo}{low}, {hi}'
+        return None
+    return check
+
+
+@dataclass(frozen=True)
+class Param:
+    """One node parameter: default (which fixes its type), meaning, check, run-time settable.
+
+    ``check`` is for what only the node knows (its own encodings, its own settings); what the
+    engine takes is checked by the engine's EngineConfig / SamplingParams, once, in
+    :func:`check_parameters` (the table has no second copy of those rules).
+    """
+
+    name: str
+    default: object
+    description: str
+    check: object = None
+    runtime: bool = False
+    constraints: str = ''
+
+
+PARAMETERS = (
+    Param('model_path', '', 'Qwen3-VL checkpoint directory (Hugging Face format); '
+          'empty = the embedded demo checkpoint', _model_path_ok),
+    Param('device', 'auto', 'torch device', constraints='auto | cpu | cuda | cuda:N'),
+    Param('dtype', 'auto', 'weights and KV dtype',
+          constraints='auto | float32 | bfloat16 | float16'),
+    Param('quantization', 'none', 'weight-only quantization of a float checkpoint at load '
+          '(none = as stored; INT4 / INT8 / FP8 checkpoints load in their own format)',
+          constraints='none | int8 | int4 | int4_asym | fp8'),
+    Param('max_new_tokens', 256, 'most tokens generated per answer', runtime=True,
+          constraints='>= 1'),
+    Param('temperature', 0.0, 'sampling temperature (0 = greedy)', runtime=True,
+          constraints='>= 0.0'),
+    Param('top_p', 1.0, 'nucleus sampling threshold (1 = off)', runtime=True,
+          constraints='(0, 1]'),
+    Param('top_k', 0, 'keep the k most likely tokens (0 = off)', runtime=True,
+          constraints='>= 0'),
+    Param('seed', -1, 'sampling seed (-1 = random)', _int_at_least(-1), runtime=True,
+          constraints='>= -1'),
+    Param('system_prompt', 'You are the vision-language assistant of a robot. Answer briefly.',
+          'system prompt of every conversation (a change starts a new conversation)',
+          lambda v: None if len(v) <= MAX_PROMPT_CHARS else 'is too long', runtime=True),
+    Param('kv_block_size', 16, 'tokens per KV block', constraints='>= 1'),
+    Param('kv_cache_memory_mb', 0.0, 'KV pool size in MB (0 = automatic)',
+          constraints='>= 0.0'),
+    Param('max_model_len', 8192, 'longest conversation in tokens', constraints='>= 1'),
+    Param('enable_cuda_graph', True, 'capture decode steps as CUDA Graphs (CUDA only)'),
+    Param('enable_prefix_cache', True, 'reuse KV blocks of shared prefixes'),
+    Param('image_max_pixels', 307200, 'resize images to at most this many pixels; never '
+          "above the checkpoint's own maximum (0 = checkpoint default)", constraints='>= 0'),
+    Param('image_min_pixels', 0, 'resize images to at least this many pixels '
+          '(0 = checkpoint default)', constraints='>= 0'),
+    Param('image_qos', 'auto', 'image subscriptions: auto = a best-effort one (matches every '
+          'publisher) and a reliable one (reliable publishers get every frame through); '
+          'best_effort or reliable = that one only', _choice('auto', 'best_effort', 'reliable'),
+          constraints='auto | best_effort | reliable'),
+    Param('image_max_age_s', 2.0, 'a prompt uses the newest image only if it is at most this old',
+          _float_in(0.0, low_open=True, allow_inf=True), constraints='> 0.0'),
+    Param('queue_size', 4, 'prompts waiting to be answered (overflow drops the oldest)',
+          _int_at_least(1, 1000), constraints='1..1000'),
+    Param('diagnostics_period_s', 1.0, 'period of /diagnostics',
+          _float_in(0.0, 3600.0, low_open=True), constraints='(0, 3600]'),
+    Param('pool_warn_fraction', 0.9, 'kv_block_pool is WARN from this fraction of blocks in use',
+          _float_in(0.0, 1.0, low_open=True), constraints='(0, 1]'),
+    Param('conversation_mode', 'chat', 'chat: multi-turn history; single: every prompt alone',
+          _choice('chat', 'single'), constraints='chat | single'),
+    Param('max_generation_s', 0.0, 'deadline per answer in seconds (0 = none)',
+          constraints='>= 0.0'),
+)
+PARAMS_BY_NAME = {p.name: p for p in PARAMETERS}
+RUNTIME_PARAMETERS = tuple(p.name for p in PARAMETERS if p.runtime)
+
+_TYPE_NAMES = {bool: 'a boolean', int: 'an integer', float: 'a double (e.g. 1.0)',
+               str: 'a string'}
+
+
+def check_parameter(name, value):
+    """Return the one-line reason why ``value`` is invalid for parameter ``name``, or None."""
+    spec = PARAMS_BY_NAME[name]
+    kind = type(spec.default)
+    if type(value) is not kind:
+        return f"parameter '{name}' must be {_TYPE_NAMES[kind]}, got {value!r}"
+    reason = spec.check(value) if spec.check else None
+    return None if reason is None else f"parameter '{name}' = {value!r}: {reason}"
+
+
+def check_parameters(values):
+    """Check a complete name -> value mapping once; raise ParameterError naming the parameter.
+
+    The node's own rules come from the table; the values the engine takes are checked by the
+    engine itself (EngineConfig and SamplingParams, built exactly as the worker builds them).
+    """
+    for name in PARAMS_BY_NAME:
+        reason = check_parameter(name, values[name])
+        if reason:
+            raise ParameterError(reason)
+    try:
+        engine_config(values, values['model_path'] or 'demo_model')
+        sampling_params(values)
+    except ValueError as exc:
+        field = str(exc).split()[0]
+        name = _ENGINE_FIELDS.get(field, field)
+        given = f' = {values[name]!r}' if name in values else ''
+        raise ParameterError(f"parameter '{name}'{given}: {exc}") from None
+
+
+# Engine field -> the parameter that sets it (where the names differ).
+_ENGINE_FIELDS = {'block_size': 'kv_block_size', 'max_tokens': 'max_new_tokens',
+                  'timeout_s': 'max_generation_s'}
+
+
+def engine_config(values, model_path):
+    """The EngineConfig the parameters ask for (0 means "the engine's default")."""
+    from orin_llm_node.engine import EngineConfig
+    return EngineConfig(
+        model_path=str(model_path), device=values['device'], dtype=values['dtype'],
+        quantization=values['quantization'], block_size=values['kv_block_size'],
+        kv_cache_memory_mb=values['kv_cache_memory_mb'] or None,
+        max_model_len=values['max_model_len'], enable_prefix_cache=values['enable_prefix_cache'],
+        enable_cuda_graph=values['enable_cuda_graph'],
+        image_max_pixels=values['image_max_pixels'] or None,
+        image_min_pixels=values['image_min_pixels'] or None)
+
+
+def sampling_params(values):
+    """The SamplingParams of an answer (seed -1: random; max_generation_s 0: no deadline)."""
+    from orin_llm_node.engine import SamplingParams
+    seed, deadline = values['seed'], values['max_generation_s']
+    return SamplingParams(
+        max_tokens=values['max_new_tokens'], temperature=values['temperature'],
+        top_p=values['top_p'], top_k=values['top_k'], seed=None if seed == -1 else seed,
+        timeout_s=None if deadline == 0 else deadline)
+
+
+_TRUE = ('true', '1', 'yes', 'on')
+_FALSE = ('false', '0', 'no', 'off')
+
+
+def from_text(name, text):
+    """A launch argument's text as the parameter's type; ``ParameterError`` naming it if not."""
+    kind = type(PARAMS_BY_NAME[name].default)
+    try:
+        if kind is bool:
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError
+            return text.lower() in _TRUE
+        return text if kind is str else kind(text)
+    except ValueError:
+        raise ParameterError(
+            f'launch argument {name}:={text!r} is not a valid {kind.__name__}') from None
+
+
+def declare(node):
+    """Declare every parameter on ``node``, check the values once; returns name -> value."""
+    from rcl_interfaces.msg import ParameterDescriptor, ParameterType
+    from rclpy.exceptions import InvalidParameterTypeException, ParameterException
+
+    ros_types = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
+                 float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING}
+    overrides = getattr(node, '_parameter_overrides', {})
+    values = {}
+    for spec in PARAMETERS:
+        kind = type(spec.default)
+        descriptor = ParameterDescriptor(
+            name=spec.name, type=ros_types[kind], description=spec.description,
+            additional_constraints=spec.constraints, read_only=not spec.runtime)
+        try:
+            values[spec.name] = node.declare_parameter(spec.name, spec.default, descriptor).value
+        except InvalidParameterTypeException:
+            given = overrides.get(spec.name)
+            given = f', got {given.value!r}' if given is not None else ''
+            raise ParameterError(
+                f"parameter '{spec.name}' must be {_TYPE_NAMES[kind]}{given}") from None
+        except (ParameterException, TypeError, ValueError) as exc:
+            raise ParameterError(f"parameter '{spec.name}': {exc}") from None
+    check_parameters(values)
+    for name in sorted(set(overrides) - set(PARAMS_BY_NAME)):
+        if not node.has_parameter(name):
+            node.get_logger().warning(f"unknown parameter '{name}' ignored (typo?)")
+    return values
+
+
+def on_set(node, params):
+    """The node's set-parameters callback: only run-time parameters, only valid values."""
+    from rcl_interfaces.msg import SetParametersResult
+
+    values = {name: node.get_parameter(name).value for name in PARAMS_BY_NAME}
+    for param in params:
+        if param.name not in PARAMS_BY_NAME:
+            continue
+        if param.name not in RUNTIME_PARAMETERS:
+            return SetParametersResult(
+                successful=False, reason=f"parameter '{param.name}' is read-only at run "
+                'time: restart the node (or relaunch) to change it')
+        values[param.name] = param.value
+    try:
+        check_parameters(values)
+    except ParameterError as exc:
+        return SetParametersResult(successful=False, reason=str(exc))
+    for param in params:
+        if param.name in RUNTIME_PARAMETERS:
+            node.get_logger().info(
+                f'{param.name} set to {param.value!r} (takes effect at the next prompt)')
+    return SetParametersResult(successful=True)

@@ -1,0 +1,281 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The one thread that owns the engine: it loads, answers and frees; nothing else touches it.
+
+Hand-off with the executor, one owner per piece of state: the queue, the reset flag, the
+``busy``/``cancel`` flags and the pending load/unload command live here under one condition
+variable; the engine and the conversation are touched by this thread only (``cancel()``, the
+engine's one thread-safe call, excepted); the generation facts go through the thread-safe
+:class:`~orin_llm_node.ros.diagnostics.GenerationInfo`.  Results go out through the node's
+publishing methods.
+"""
+
+from collections import deque
+import threading
+import time
+import traceback
+
+from orin_llm_node.ros import model_loading, parameters, ros_image
+
+
+def preview(text, n=60):
+    """``text`` on one line, cut to ``n`` characters."""
+    text = ' '.join(text.split())
+    return text if len(text) <= n else text[:n - 3] + '...'
+
+
+class Worker:
+    """Queue of prompts in, answers out; see the module docstring for who owns what."""
+
+    def __init__(self, node):
+        self.node = node
+        self.engine = None
+        self._conv = None
+        self._conv_system_prompt = None
+        self._cond = threading.Condition()
+        self._queue = deque()
+        self._reset = False
+        self._busy = False
+        self._cancel_pending = False
+        self._command = None
+        self._command_done = threading.Event()
+        self._command_ok = False
+        self.load_error = ''
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name='orin_llm_worker', daemon=True)
+
+    # ---- called from other threads ---------------------------------------------------------
+
+    def submit(self, request, capacity):
+        """Queue ``request``; returns the oldest request dropped to make room, or None."""
+        with self._cond:
+            dropped = self._queue.popleft() if len(self._queue) >= capacity else None
+            self._queue.append(request)
+            self._cond.notify_all()
+            return dropped
+
+    def queue_depth(self):
+        """Prompts waiting."""
+        with self._cond:
+            return len(self._queue)
+
+    def drain(self):
+        """Take every queued request out (deactivate) and cancel the one in progress."""
+        with self._cond:
+            queued, self._queue = list(self._queue), deque()
+        self.cancel()
+        return queued
+
+    def request_reset(self):
+        """Forget the conversation before the next prompt."""
+        with self._cond:
+            self._reset = True
+            self._cond.notify_all()
+
+    def cancel(self):
+        """Stop the generation in progress; True if there was one."""
+        with self._cond:
+            if self._busy and self.engine is not None:
+                # The engine clears its flag when a turn starts, so the worker repeats the
+                # cancel after it has begun (_cancel_pending) in case we came too early.
+                self._cancel_pending = True
+                self.engine.cancel()        # the one thread-safe engine call
+                return True
+        return False
+
+    def call(self, command):
+        """Run ``'load'`` or ``'unload'`` on the worker and wait; False if it failed or stops."""
+        self._command_done.clear()
+        with self._cond:
+            self._command = command
+            self._cond.notify_all()
+        while not self._command_done.wait(0.1):
+            if self._stop.is_set():
+                return False
+        return self._command_ok and not self._stop.is_set()
+
+    def stop(self, timeout_s):
+        """Stop the thread (cancelling a generation); True if it has stopped."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self.cancel()
+        if self.thread.is_alive():
+            self.thread.join(timeout_s)
+        return not self.thread.is_alive()
+
+    # ---- the worker thread -----------------------------------------------------------------
+
+    def _run(self):
+        while not self._stop.is_set():
+            request = None
+            with self._cond:
+                if not (self._queue or self._reset or self._command or self._stop.is_set()):
+                    wait = (self.node.monitor.seconds_until_due(time.monotonic())
+                            if self.engine is not None else 0.5)
+                    self._cond.wait(timeout=max(wait, 0.01))
+                command, self._command = self._command, None
+                reset, self._reset = self._reset, False
+                if (self._queue and self.engine is not None and not reset and not command
+                        and not self._stop.is_set()):
+                    request = self._queue.popleft()
+                    self._busy = True
+                    self._cancel_pending = False
+            if self._stop.is_set():
+                break
+            if command is not None:
+                self._command_ok = self._run_command(command)
+                self._command_done.set()
+                continue
+            try:
+                if reset:
+                    self._drop_conversation('reset service')
+                if request is not None:
+                    self._answer(request)
+            except ValueError as exc:   # the engine's verdict on the input (nothing changed)
+                self.node.info.add(errors=1)
+                self._report_failure(request, f"prompt rejected: {' '.join(str(exc).split())}")
+            except Exception as exc:  # noqa: BLE001 - bad input must never kill the node
+                self.node.info.add(errors=1)
+                reason = ' '.join(str(exc).split()) or type(exc).__name__
+                self._report_failure(request, f'request failed: {reason}')
+                self.node.get_logger().debug(traceback.format_exc())
+            finally:
+                with self._cond:
+                    self._busy = False
+            self._diagnostics()
+
+    def _diagnostics(self, force=False, only_if_due=False):
+        if self.engine is not None:
+            self.node.diagnostics(self.engine.stats(), self.queue_depth(), force, only_if_due)
+
+    def _run_command(self, command):
+        if command == 'unload':
+            self._drop_conversation()
+            self.engine = None
+            model_loading.release_memory()
+            return True
+        try:
+            engine = model_loading.load_engine(self.node.params, self.node.get_logger())
+        except Exception as exc:  # noqa: BLE001 - any load failure is one fatal line
+            self.load_error = ' '.join(str(exc).split()) or type(exc).__name__
+            return False
+        # cuda_graph: reported only when the engine says graphs are really in use.
+        self.node.info.update(device=str(engine.device),
+                              dtype=str(engine.dtype).replace('torch.', ''),
+                              weight_format=engine.weight_format,
+                              weight_bytes=engine.weight_bytes,
+                              cuda_graph=bool(engine.uses_cuda_graph))
+        self.node.monitor.hardware_id = str(engine.device)
+        self.engine = engine
+        self._diagnostics(force=True)
+        return True
+
+    def _report_failure(self, request, text):
+        if request is None:
+            self.node.publish_error(text)
+            return
+        self.node.publish_error(f'{text} (request {request.request_id})')
+        self.node.publish_info({'request_id': request.request_id, 'prompt': request.text,
+                                'text': None, 'image': None, 'finish_reason': 'error',
+                                'error': text})
+
+    def _drop_conversation(self, why=None):
+        if self._conv is not None and self.engine is not None:
+            self.engine.reset(self._conv)
+            if why:
+                self.node.get_logger().info(f'conversation reset ({why})')
+        self._conv = None
+
+    def _conversation(self):
+        system_prompt = self.node.runtime('system_prompt') or None
+        if self._conv is not None and system_prompt != self._conv_system_prompt:
+            self._drop_conversation('system_prompt changed')
+        if self._conv is None:
+            self._conv = self.engine.new_conversation(system_prompt=system_prompt)
+            self._conv_system_prompt = system_prompt
+        return self._conv
+
+    def _sampling(self):
+        # Run-time parameters may have changed since the last prompt.
+        values = dict(self.node.params)
+        values.update({name: self.node.runtime(name) for name in parameters.RUNTIME_PARAMETERS})
+        return parameters.sampling_params(values)
+
+    def _decode_image(self, request):
+        """The request's image as RGB, or None (the reason goes to ``request.no_image``)."""
+        pending = request.image
+        if pending is None:
+            return None
+        try:
+            if pending.compressed:
+                return ros_image.compressed_to_rgb(pending.msg)
+            return ros_image.image_to_rgb(pending.msg)
+        except ros_image.ImageConversionError as exc:
+            self.node.intake.forget(pending)    # do not pair it with the next prompt
+            self.node.info.add(errors=1)
+            self.node.publish_error(f'image rejected: {exc}; the prompt is answered text-only')
+            request.no_image = f'image rejected: {exc}'
+            return None
+
+    def _answer(self, request):
+        from orin_llm_node.engine import FinishReason
+        node = self.node
+        node.info.add(requests=1)
+        rgb = self._decode_image(request)
+        if rgb is not None:
+            node.info.update(last_image_stamp=request.image.stamp_ns / 1e9)
+        sampling = self._sampling()
+        conv = self._conversation()
+        t0 = time.monotonic()
+        result = None
+        try:
+            for event in self.engine.chat_stream(conv, request.text,
+                                                 images=[rgb] if rgb is not None else [],
+                                                 sampling=sampling):
+                if event.delta:
+                    node.publish_stream(event.delta)
+                if event.result is not None:
+                    result = event.result
+                if self._cancel_pending:
+                    self.engine.cancel()
+                self._diagnostics(only_if_due=True)
+        finally:
+            if node.params['conversation_mode'] == 'single':
+                self._drop_conversation()   # every prompt alone; its blocks stay as cache
+        elapsed = time.monotonic() - t0
+        if self._stop.is_set() or not node.context.ok():
+            return                      # shutting down (Ctrl-C): nobody to tell
+        finish = result.finish_reason
+        node.info.update(last_finish_reason=finish, last_ttft_ms=1000.0 * result.ttft_s,
+                         last_vision_ms=1000.0 * result.vision_s,
+                         last_decode_tok_s=result.decode_tok_s)
+        node.publish_info({
+            'request_id': request.request_id, 'prompt': request.text,
+            'text': None if result.error else result.text,
+            'image': request.image.describe() if rgb is not None else None,
+            'no_image': request.no_image or None,
+            'finish_reason': finish, 'error': result.error,
+            'generated_tokens': len(result.token_ids), 'cached_tokens': result.cached_tokens,
+            'prompt_tokens': len(result.prompt_token_ids),
+            'ttft_ms': round(1000.0 * result.ttft_s, 3),
+            'decode_tok_s': round(result.decode_tok_s, 3),
+            'weight_format': self.engine.weight_format})
+        what = f"'{preview(request.text)}'" + (
+            f' + {rgb.shape[1]}x{rgb.shape[0]} image' if rgb is not None else '')
+        if result.error:
+            node.info.add(errors=1)
+            node.publish_error(f'prompt {what} rejected ({finish}, request '
+                               f'{request.request_id}): {result.error}')
+            return
+        node.publish_response(result.text)
+        summary = (
+            f'{what} -> {len(result.token_ids)} tokens in {elapsed:.2f} s (finish={finish}, '
+            f'ttft {1000 * result.ttft_s:.0f} ms, {result.cached_tokens} cached prompt tokens'
+            + (f', {result.dropped_turns} old turn(s) dropped' if result.dropped_turns else '')
+            + ')')
+        # rclpy loggers insist on one severity per call site: two calls, not one variable.
+        if finish in FinishReason.LIMITS:
+            node.get_logger().warning(summary)
+        else:
+            node.get_logger().info(summary)

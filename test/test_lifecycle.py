@@ -1,0 +1,107 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The managed node (``--managed``) over real loopback DDS, driven like ``ros2 lifecycle set``.
+
+Every transition, a prompt while inactive, cleanup -> configure again, and the memory the
+engine holds: the process's resident memory before configure, after configure and after
+cleanup (printed; cleanup must give back at least the weight bytes).  The checkpoint is a tiny
+one with a wide MLP (~75 MB of fp32 weights) so that the weights stand out of the noise.
+"""
+
+import gc
+from pathlib import Path
+import time
+
+import pytest
+
+rclpy = pytest.importorskip('rclpy')
+
+from lifecycle_msgs.msg import State, Transition  # noqa: E402
+from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
+from test_node import Probe, start_node, stop  # noqa: E402
+
+from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.ros
+
+NS = '/llm_lifecycle'
+SYSTEM = 'You are a test robot.'
+
+
+def rss_mb(proc):
+    for line in Path(f'/proc/{proc.pid}/status').read_text().splitlines():
+        if line.startswith('VmRSS:'):
+            return int(line.split()[1]) / 1024
+    raise AssertionError('no VmRSS')
+
+
+@pytest.fixture(scope='module')
+def wide_ckpt(make_ckpt):
+    return make_ckpt('wide_mlp', text_config={'intermediate_size': 32768})
+
+
+def test_every_transition(wide_ckpt, tmp_path, capsys):
+    weights_mb = sum(f.stat().st_size for f in Path(wide_ckpt).glob('*.safetensors')) / 2**20
+    conv_ref = LLMEngine(EngineConfig(model_path=wide_ckpt, device='cpu'))
+    expected = conv_ref.chat(conv_ref.new_conversation(SYSTEM), 'Hello there.',
+                             sampling=SamplingParams(max_tokens=4)).text
+    del conv_ref
+    gc.collect()
+    proc = start_node(wide_ckpt, NS, tmp_path, 'max_new_tokens:=4', managed=True)
+    probe = Probe(NS)
+    try:
+        probe.spin_until(lambda: probe.ready is not None or proc.poll() is not None, 60.0,
+                         'the latched ready')
+        assert proc.poll() is None, proc.log_path.read_text()[-2000:]
+        change = probe.node.create_client(ChangeState, f'{NS}/orin_llm/change_state')
+        get = probe.node.create_client(GetState, f'{NS}/orin_llm/get_state')
+
+        def transition(tid):
+            req = ChangeState.Request()
+            req.transition.id = tid
+            assert probe.call(change, req, timeout=120.0).success, tid
+
+        def state():
+            return probe.call(get, GetState.Request()).current_state.id
+
+        assert state() == State.PRIMARY_STATE_UNCONFIGURED
+        probe.spin_until(lambda: probe.generation()[2].get('state') == 'unconfigured', 10.0,
+                         'diagnostics: unconfigured')
+        assert probe.ready is False
+        time.sleep(1.0)
+        memory = {'before configure': rss_mb(proc)}
+
+        for _ in range(2):              # cleanup -> configure again must work
+            transition(Transition.TRANSITION_CONFIGURE)
+            assert state() == State.PRIMARY_STATE_INACTIVE and probe.ready is False
+            memory.setdefault('after configure', rss_mb(proc))
+            probe.spin_until(lambda: probe.pub_prompt.get_subscription_count() > 0, 20.0,
+                             'the prompt subscription')
+            info = probe.ask_info('Are you there?')      # inactive: refused with a reason
+            assert info['text'] is None and 'inactive' in info['error']
+
+            transition(Transition.TRANSITION_ACTIVATE)
+            probe.spin_until(lambda: probe.ready is True, 10.0, 'ready true')
+            probe.reset()
+            assert probe.ask('Hello there.') == expected
+
+            transition(Transition.TRANSITION_DEACTIVATE)
+            probe.spin_until(lambda: probe.ready is False, 10.0, 'ready false')
+            assert any(e.startswith('deactivated') for e in probe.errors)
+            info = probe.ask_info('Still there?')
+            assert info['text'] is None and 'inactive' in info['error']
+
+            transition(Transition.TRANSITION_CLEANUP)
+            assert state() == State.PRIMARY_STATE_UNCONFIGURED
+            time.sleep(1.0)
+            memory.setdefault('after cleanup', rss_mb(proc))
+        with capsys.disabled():
+            print(f'\nmanaged node RSS (MB, weights {weights_mb:.0f} MB): '
+                  + ', '.join(f'{k} {v:.0f}' for k, v in memory.items()))
+        assert memory['after configure'] - memory['after cleanup'] >= weights_mb, memory
+
+        transition(Transition.TRANSITION_UNCONFIGURED_SHUTDOWN)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        probe.close()
+        stop(proc)
