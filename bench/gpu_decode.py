@@ -45,7 +45,9 @@ sys.path.insert(0, str(REPO))
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 import orin_llm_node.engine.llm_engine as llm_engine_module  # noqa: E402
 from orin_llm_node.models.config import load_config  # noqa: E402
-from orin_llm_node.models.loader import build_model  # noqa: E402
+from orin_llm_node.models.loader import build_model, linear_module_names  # noqa: E402
+from orin_llm_node.quantization import QuantLinear  # noqa: E402
+from orin_llm_node.quantization.checkpoint import plan_quantization  # noqa: E402
 from orin_llm_node.testing import tiny_checkpoint  # noqa: E402
 
 CONFIGS = REPO / "test" / "data" / "qwen3_vl_configs"
@@ -99,12 +101,27 @@ def init_random_(model: torch.nn.Module, seed: int = 0) -> None:
 _MODELS = {}
 
 
-def random_load_model(model_dir, dtype=torch.float32, device="cpu"):
-    """Stands in for ``loader.load_model``: same model, random weights, built on the GPU."""
-    key = (str(model_dir), dtype, str(device))
+def random_load_model(model_dir, dtype=torch.float32, device="cpu", quantization="none"):
+    """Stands in for ``loader.load_model``: same model, random weights, built on the GPU.
+
+    With ``quantization`` the decoder projections are quantized layers filled by rounding
+    random weights, 1024 rows at a time (as quantize-at-load would).
+    """
+    key = (str(model_dir), dtype, str(device), quantization)
     if key not in _MODELS:
-        model = build_model(load_config(model_dir), dtype, device)
+        cfg = load_config(model_dir)
+        names = linear_module_names(cfg)
+        plan = plan_quantization(Path(model_dir), [], {n: n for n in names}, quantization)
+        model = build_model(cfg, dtype, device, plan.layers if plan else None)
+        model.weight_format = plan.description if plan else str(dtype).replace("torch.", "")
         init_random_(model)
+        gen = torch.Generator(device=device).manual_seed(1)
+        for m in model.modules():
+            if isinstance(m, QuantLinear):
+                for r in range(0, m.out_features, 1024):
+                    rows = min(1024, m.out_features - r)
+                    w = torch.empty(rows, m.in_features, device=device)
+                    m.quantize_from(w.normal_(0.0, 0.02, generator=gen), r)
         _MODELS[key] = model.eval()
     return _MODELS[key]
 
@@ -363,18 +380,23 @@ def main(argv=None):
         import cupy
         import transformers
         result.update(cupy=cupy.__version__, transformers=transformers.__version__)
+    run_and_write("gpu_decode", bench_model, plot, result, args)
+
+
+def run_and_write(bench: str, bench_model, plot, result: dict, args) -> None:
+    """Run ``bench_model(size, args, workdir)`` per model on random weights; JSON + PNG out."""
     llm_engine_module.load_model = random_load_model  # random weights, no checkpoint on disk
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.models.split(","):
             result["models"][size] = bench_model(size, args, Path(tmp))
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "gpu_decode_" + name.replace(" ", "_").replace("/", "_")
+    stem = f"{bench}_" + result["device"].replace(" ", "_").replace("/", "_")
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     try:
         plot(result, args.out / f"{stem}.png")
     except ImportError as exc:  # the JSON is written; a bare GPU box may lack matplotlib
-        print(f"gpu_decode: no PNG ({exc})", file=sys.stderr)
+        print(f"{bench}: no PNG ({exc})", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -10,24 +10,31 @@
   ``torch.cuda.graph`` lands in the capture stream. All buffers are torch tensors passed by
   ``data_ptr()``; scalars are numpy scalars typed to the C signature. Tests pass the CPU
   emulator's launcher (same convention) instead.
-* :class:`FusedOps` wraps the non-attention fused kernels (RMSNorm, add + RMSNorm, SiLU x up)
-  that ``layers.dispatch`` routes the layers to; the attention kernels (q/k-norm + RoPE + KV
-  write, paged decode) are wrapped by ``attention/cuda_backend.py`` through the same launcher.
+* :class:`FusedOps` wraps the non-attention fused kernels (RMSNorm, add + RMSNorm, SiLU x up,
+  the weight-only quantized linear layers) that ``layers.dispatch`` routes the layers to; the
+  attention kernels (q/k-norm + RoPE + KV write, paged decode) are wrapped by
+  ``attention/cuda_backend.py`` through the same launcher.
 
 Nothing else imports CuPy, and this module imports it only when a kernel is built.
 """
 
 from functools import cache
+import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from orin_llm_node import kernel_sources as ks
 from orin_llm_node.layers.activation import silu_and_mul
 from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm
 
-__all__ = ["TORCH_DTYPES", "FusedOps", "cupy_available", "kernel_launcher", "load_kernels"]
+__all__ = ["GEMV_MAX_ROWS", "TORCH_DTYPES", "FusedOps", "cupy_available", "kernel_launcher",
+           "load_kernels"]
 
+#: Most activation rows the quantized GEMV serves; beyond (prefill), dequantise + matmul (the
+#: GEMV re-reads the weight once per row).
+GEMV_MAX_ROWS = 4
 #: torch dtype -> kernel_sources dtype name, for every dtype the kernels are built for.
 TORCH_DTYPES = {
     torch.float16: "float16",
@@ -58,29 +65,39 @@ def cupy_available() -> bool:
     return True
 
 
+def _compile(var: ks.KernelVariant, device_index: int, cupy) -> dict:
+    module = cupy.RawModule(code=var.source, options=var.options)
+    functions = {}
+    for name in var.functions:
+        try:
+            # .kernel compiles, loads the module on the current device -> Function.
+            functions[name] = module.get_function(name).kernel
+        except Exception as exc:
+            raise RuntimeError(
+                f"CuPy could not build {var.file} ({var.dtype}"
+                f"{f', head_dim {var.head_dim}' if var.head_dim else ''}) for CUDA device "
+                f"{device_index}: {exc} (CuPy needs the CUDA toolkit's NVRTC matching its "
+                "cupy-cudaXXx wheel)"
+            ) from exc
+    return functions
+
+
 @cache
 def load_kernels(dtype: str, head_dim: int, device_index: int) -> dict:
     """Compile (once per process) and load every kernel for ``dtype``/``head_dim``.
 
-    Returns ``{function name: cupy Function}`` bound to the CUDA context of ``device_index``.
-    Call it outside graph capture: compiling and module loading are not capturable.
+    That is every file of ``kernel_sources.KERNEL_FILES`` for the variant plus the quantized
+    linear kernels of ``dtype`` (``quant_variant``). Returns ``{function name: cupy Function}``
+    bound to the CUDA context of ``device_index``. Call it outside graph capture: compiling
+    and module loading are not capturable.
     """
     cupy = _import_cupy()
+    variants = [ks.variant(file, dtype, head_dim) for file in ks.KERNEL_FILES]
+    variants.append(ks.quant_variant(dtype))
     functions = {}
     with cupy.cuda.Device(device_index):
-        for file in ks.KERNEL_FILES:
-            var = ks.variant(file, dtype, head_dim)
-            module = cupy.RawModule(code=var.source, options=var.options)
-            for name in var.functions:
-                try:
-                    # .kernel compiles, loads the module on the current device -> Function.
-                    functions[name] = module.get_function(name).kernel
-                except Exception as exc:
-                    raise RuntimeError(
-                        f"CuPy could not build {file} ({dtype}, head_dim {head_dim}) for "
-                        f"CUDA device {device_index}: {exc} (CuPy needs the CUDA toolkit's "
-                        "NVRTC matching its cupy-cudaXXx wheel)"
-                    ) from exc
+        for var in variants:
+            functions.update(_compile(var, device_index, cupy))
     return functions
 
 
@@ -176,3 +193,42 @@ class FusedOps:
                          (out.data_ptr(), x.data_ptr(), np.int32(cols), np.int64(x.stride(0)),
                           np.int64(out.stride(0))))
         return out
+
+    def quant_linear(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """``layer(x)`` for a ``quantization.QuantLinear`` through ``quant_linear.cu``.
+
+        Up to :data:`GEMV_MAX_ROWS` rows (decode) run the dequantising GEMV, which reads each
+        weight code once; more rows (prefill) dequantise the weight into a dense scratch tensor
+        in the activation dtype and multiply with cuBLAS (``F.linear``) -- tensor cores for the
+        compute-bound case at the price of one dense write + read of the layer's weight
+        (prefill speed of this path has not been measured). Both allocate from torch's caching
+        allocator: graph-safe. Shapes the kernels cannot take run the layer's torch path.
+        """
+        if (x.dtype != self.dtype or x.device != self.device
+                or not layer.kernel_supported()):
+            return layer.torch_forward(x)
+        n, k = layer.out_features, layer.in_features
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, k)
+        if not x2.is_contiguous() or x2.data_ptr() % 16:
+            x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
+        rows = x2.shape[0]
+        zeros = layer.zero.data_ptr() if layer.zero is not None else 0
+        shape = (np.int32(n), np.int32(k), np.int32(layer.num_groups),
+                 np.int32(layer.group_size))
+        bias = None if layer.bias is None else layer.bias.to(x.dtype)
+        threads = ks.GEMV_WARPS * 32
+        if 0 < rows <= GEMV_MAX_ROWS:
+            out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+            self._launch(f"quant_gemv_{layer.format}", (math.ceil(n / ks.GEMV_WARPS), rows),
+                         (threads,),
+                         (out.data_ptr(), x2.data_ptr(), layer.qweight.data_ptr(),
+                          layer.scale.data_ptr(), zeros, 0 if bias is None else bias.data_ptr(),
+                          *shape, np.int64(k), np.int64(n)))
+            return out.view(*lead, n)
+        weight = torch.empty(n, k, dtype=x.dtype, device=x.device)
+        self._launch(f"quant_dequant_{layer.format}",
+                     (max(1, math.ceil(n * k // layer.chunk / threads)),), (threads,),
+                     (weight.data_ptr(), layer.qweight.data_ptr(), layer.scale.data_ptr(), zeros,
+                      *shape))
+        return F.linear(x2, weight, bias).view(*lead, n)

@@ -8,7 +8,8 @@ This is the one truth shared by the runtime (``cuda_ops.py`` hands ``KernelVaria
 CUDA nor CuPy.
 
 Variants are selected with ``-D`` defines (no C++ templates, so no name expressions):
-``KV_DTYPE_ID`` and ``HEAD_DIM`` per variant, plus the tuning constants below. The sources are
+``KV_DTYPE_ID`` and ``HEAD_DIM`` per attention variant, ``KV_DTYPE_ID`` alone for the
+quantized-linear kernels (``quant_variant``), plus the tuning constants below. The sources are
 header-free (no ``cuda_fp16.h``), so no include path is needed; ``common.cuh`` is inlined into
 each source so that CuPy's on-disk kernel cache, which hashes the source text and options,
 sees every edit of the shared header.
@@ -22,6 +23,7 @@ from orin_llm_node.package_files import share_dir
 
 __all__ = [
     "DTYPE_IDS",
+    "GEMV_WARPS",
     "HEAD_DIMS",
     "KERNEL_FILES",
     "MAX_GROUP",
@@ -29,10 +31,12 @@ __all__ = [
     "PARTITION_SIZE",
     "PREFILL_ROWS",
     "PREFILL_ROWS_PER_WARP",
+    "QUANT_KERNEL_FILES",
     "SPLIT_MIN_TOKENS",
     "KernelVariant",
     "kernel_source",
     "kernels_dir",
+    "quant_variant",
     "runtime_variants",
     "variant",
 ]
@@ -68,6 +72,14 @@ PREFILL_ROWS_PER_WARP = 4
 #: Query rows per paged_prefill CTA (the launcher sizes the grid with it).
 PREFILL_ROWS = NUM_THREADS // 32 * PREFILL_ROWS_PER_WARP
 
+#: Output features (one warp each) per CTA of the quantized GEMV / dequantise kernels.
+GEMV_WARPS = 4
+#: Kernel files compiled per activation dtype only (weight-only quantized linear layers).
+QUANT_KERNEL_FILES = {
+    "quant_linear.cu": tuple(f"quant_{op}_{fmt}" for fmt in ("int8", "int4", "fp8")
+                             for op in ("gemv", "dequant")),
+}
+
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
@@ -96,7 +108,7 @@ def kernel_source(name: str, directory: Path | None = None) -> str:
 
 @dataclass(frozen=True)
 class KernelVariant:
-    """One compiled unit: a kernel file for one (dtype, head_dim)."""
+    """One compiled unit: a kernel file for one (dtype, head_dim); head_dim 0: not used."""
 
     file: str
     dtype: str
@@ -138,6 +150,22 @@ def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None)
     )
 
 
+def quant_variant(dtype: str, directory: Path | None = None) -> KernelVariant:
+    """Source and NVRTC options of the quantized-linear kernels for activations ``dtype``."""
+    if dtype not in DTYPE_IDS:
+        raise ValueError(f"CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}")
+    (file, functions), = QUANT_KERNEL_FILES.items()
+    return KernelVariant(
+        file=file,
+        dtype=dtype,
+        head_dim=0,
+        source=kernel_source(file, directory),
+        options=("-std=c++17", f"-DKV_DTYPE_ID={DTYPE_IDS[dtype]}",
+                 f"-DGEMV_WARPS={GEMV_WARPS}"),
+        functions=functions,
+    )
+
+
 def runtime_variants(directory: Path | None = None) -> list[KernelVariant]:
     """Every variant the runtime may compile (what the NVRTC test must compile)."""
     return [
@@ -145,4 +173,4 @@ def runtime_variants(directory: Path | None = None) -> list[KernelVariant]:
         for file in KERNEL_FILES
         for dtype in DTYPE_IDS
         for head_dim in HEAD_DIMS
-    ]
+    ] + [quant_variant(dtype, directory) for dtype in DTYPE_IDS]

@@ -9,10 +9,14 @@ block barrier) and ``__shfl_xor_sync`` (a per-warp exchange between barriers). A
 barrier or shuffle -- undefined behaviour on a GPU -- fails the launch instead of hanging.
 
 ``emulated_launch(dtype, head_dim)`` returns a ``launch(name, grid, block, args)`` callable
-with the calling convention of ``CudaPagedAttention``'s CuPy launcher: pointer arguments are
+with the calling convention of ``cuda_ops.kernel_launcher`` (CuPy): pointer arguments are
 Python ints (``tensor.data_ptr()`` of CPU tensors), scalars numpy scalars. Every argument is
 checked against the C signature parsed from the source (a ``np.int64`` passed for an ``int``
 fails here, while on a GPU it would silently read the low half).
+
+``CountingLaunch`` counts a launcher's kernels by name; ``fused_runner`` builds a CPU model
+runner whose kernels are all emulated (the fused decode step of a GPU, without one) and
+``fused_and_torch_steps`` runs it beside a torch-path runner, step by step.
 
 This checks the kernels' indexing, softmax, split-K and reduction logic and the backend's
 launch code without a GPU. It does not check GPU-only properties (memory model, alignment
@@ -28,6 +32,7 @@ import subprocess
 import tempfile
 
 import numpy as np
+import torch
 
 from orin_llm_node import kernel_sources as ks
 
@@ -180,7 +185,7 @@ def _c_params(params: str) -> list[str]:
 def kernel_signatures() -> dict[str, list[str]]:
     """``{kernel: [param kind]}`` parsed from the sources; kinds: ptr, int32, int64, float32."""
     sigs = {}
-    for file in ks.KERNEL_FILES:
+    for file in (*ks.KERNEL_FILES, *ks.QUANT_KERNEL_FILES):
         for name, params in _SIGNATURE.findall(ks.kernel_source(file)):
             kinds = []
             for p, ctype in zip(params.split(","), _c_params(params), strict=True):
@@ -212,7 +217,7 @@ def compiler_available() -> bool:
 def harness_source() -> str:
     """The harness with every kernel file included and one launch branch per kernel."""
     includes, branches = [], []
-    for file in ks.KERNEL_FILES:
+    for file in (*ks.KERNEL_FILES, *ks.QUANT_KERNEL_FILES):
         includes.append(f'#include "{file}"')
         for name, params in _SIGNATURE.findall(ks.kernel_source(file)):
             args = ", ".join(f"ARG({i}, {t})" for i, t in enumerate(_c_params(params)))
@@ -224,11 +229,12 @@ def harness_source() -> str:
 
 
 def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
-    var = ks.variant("kv_write.cu", dtype, head_dim)
+    options = dict.fromkeys((*ks.variant("kv_write.cu", dtype, head_dim).options,
+                             *ks.quant_variant(dtype).options))
     src_dir = ks.kernels_dir()
     harness = harness_source()
     sources = "".join(p.read_text() for p in sorted(src_dir.glob("*.cu*")))
-    key = hashlib.sha256("\0".join((harness, sources, *var.options)).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join((harness, sources, *options)).encode()).hexdigest()[:16]
     cache = Path(tempfile.gettempdir()) / f"orin_llm_kernel_emulator_{key}"
     lib = cache / "emu.so"
     if not lib.exists():
@@ -236,7 +242,7 @@ def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
         cpp = cache / "harness.cpp"
         cpp.write_text(harness)
         tmp = cache / f"emu.{id(cpp)}.so"
-        defines = [o for o in var.options if o.startswith("-D")]
+        defines = [o for o in options if o.startswith("-D")]
         cmd = ["g++", "-std=c++20", "-O2", "-shared", "-fPIC", "-w",
                f"-I{src_dir}", *defines, str(cpp), "-o", str(tmp)]
         res = subprocess.run(cmd, capture_output=True, text=True)
@@ -293,6 +299,46 @@ class CountingLaunch:
         self.launch(name, grid, block, args)
 
 
-def counting_launch(dtype: str, head_dim: int) -> CountingLaunch:
-    """:func:`emulated_launch` wrapped in a :class:`CountingLaunch`."""
-    return CountingLaunch(emulated_launch(dtype, head_dim))
+def fused_runner(model, num_blocks, block_size, max_len, launch):
+    """A CPU ModelRunner whose attention runs the emulated kernels, and its ``FusedOps``.
+
+    Install the ops with ``layers.dispatch.installed("cpu", torch.float32, ops)`` around the
+    runner's steps for the layers' fused kernels (quantized GEMVs included) to run too.
+    """
+    from orin_llm_node.attention.cuda_backend import CudaPagedAttention
+    from orin_llm_node.cuda_ops import FusedOps
+    from orin_llm_node.engine.model_runner import ModelRunner
+
+    tc = model.config.text
+    runner = ModelRunner(model, num_blocks, block_size, max_len, torch.device("cpu"),
+                         torch.float32)
+    runner.attn = CudaPagedAttention(runner.kv_cache, tc.num_attention_heads, max_len,
+                                     launch=launch)
+    runner.attn.warmup()
+    return runner, FusedOps(torch.float32, tc.head_dim, torch.device("cpu"), launch=launch)
+
+
+def fused_and_torch_steps(ref, runner, ops, launch, prompt, table, decode_steps):
+    """Prefill ``prompt``, then teacher-forced greedy decode steps, on both runners.
+
+    ``ref`` runs the torch path, ``runner`` the emulated kernels with ``ops`` installed for
+    its steps. Yields ``(want, got)`` logits for the prefill and then each decode step;
+    ``launch`` (a :class:`CountingLaunch`) is cleared before each step, so at a yield its
+    counts are that step's launches.
+    """
+    from orin_llm_node.layers import dispatch
+
+    pos = np.tile(np.arange(len(prompt)), (3, 1))
+    launch.counts.clear()
+    want = ref.prefill(prompt, pos, table, 0)
+    with dispatch.installed(runner.device, torch.float32, ops):
+        got = runner.prefill(prompt, pos, table, 0)
+    yield want, got
+    for step in range(decode_steps):
+        token = int(want.argmax())
+        context = len(prompt) + step + 1
+        want = ref.decode(token, context - 1, table, context)
+        launch.counts.clear()
+        with dispatch.installed(runner.device, torch.float32, ops):
+            got = runner.decode(token, context - 1, table, context)
+        yield want, got

@@ -15,6 +15,7 @@ import contextlib
 import random
 
 import kernel_emulator
+from kernel_emulator import CountingLaunch
 import numpy as np
 import pytest
 import torch
@@ -172,7 +173,7 @@ def test_fused_norms_and_silu_match_the_torch_bodies(dtype, rows, cols):
     torch_dtype = _DTYPES[dtype]
     gen = torch.Generator().manual_seed(rows * cols)
     ops = FusedOps(torch_dtype, 32, torch.device("cpu"),
-                   launch=kernel_emulator.counting_launch(dtype, 32))
+                   launch=CountingLaunch(kernel_emulator.emulated_launch(dtype, 32)))
     x = (3 * torch.randn(rows, cols, generator=gen)).to(torch_dtype)
     residual = torch.randn(rows, cols, generator=gen).to(torch_dtype)
     weight = (1 + 0.1 * torch.randn(cols, generator=gen)).to(torch_dtype)
@@ -188,7 +189,7 @@ def test_fused_norms_and_silu_match_the_torch_bodies(dtype, rows, cols):
 
 
 def test_fused_ops_fall_back_to_torch_for_inputs_the_kernels_cannot_take():
-    launch = kernel_emulator.counting_launch("float32", 32)
+    launch = CountingLaunch(kernel_emulator.emulated_launch("float32", 32))
     ops = FusedOps(torch.float32, 32, torch.device("cpu"), launch=launch)
     x = torch.randn(3, 30)  # 30 columns: not whole 16-byte vectors
     w = torch.ones(30)
@@ -259,19 +260,6 @@ def test_warmup_launches_write_nothing():
     assert torch.equal(attn.kv_cache, before)
 
 
-def _fused_runner(model, num_blocks, block_size, max_len, launch):
-    """A CPU ModelRunner whose attention and layer ops run the emulated CUDA kernels."""
-    from orin_llm_node.engine.model_runner import ModelRunner
-
-    tc = model.config.text
-    runner = ModelRunner(model, num_blocks, block_size, max_len, torch.device("cpu"),
-                         torch.float32)
-    runner.attn = CudaPagedAttention(runner.kv_cache, tc.num_attention_heads, max_len,
-                                     launch=launch)
-    runner.attn.warmup()
-    return runner, FusedOps(torch.float32, tc.head_dim, torch.device("cpu"), launch=launch)
-
-
 def test_model_runner_fused_decode_across_blocks(tiny_ckpt):
     """The tiny model's fused step (every custom kernel, emulated) tracks the torch path.
 
@@ -289,28 +277,19 @@ def test_model_runner_fused_decode_across_blocks(tiny_ckpt):
     num_blocks, block_size, max_len = 48, 16, 600
     cpu = torch.device("cpu")
     ref = ModelRunner(model, num_blocks, block_size, max_len, cpu, torch.float32)
-    launch = kernel_emulator.counting_launch("float32", tc.head_dim)
-    runner, ops = _fused_runner(model, num_blocks, block_size, max_len, launch)
+    launch = CountingLaunch(kernel_emulator.emulated_launch("float32", tc.head_dim))
+    runner, ops = kernel_emulator.fused_runner(model, num_blocks, block_size, max_len, launch)
     assert runner.attn.num_splits > 1
     rng = random.Random(0)
     table = rng.sample(range(num_blocks), 22)
     prompt = [rng.randrange(tc.vocab_size) for _ in range(300)]
-    pos = np.tile(np.arange(len(prompt)), (3, 1))
-    want = ref.prefill(prompt, pos, table, 0)
-    with dispatch.installed(cpu, torch.float32, ops):
-        got = runner.prefill(prompt, pos, table, 0)
+    steps = kernel_emulator.fused_and_torch_steps(ref, runner, ops, launch, prompt, table, 24)
+    want, got = next(steps)
     assert (want - got).abs().max().item() < 1e-4
-    token = int(want.argmax())
-    for step in range(24):
-        context = len(prompt) + step + 1
-        want = ref.decode(token, context - 1, table, context)
-        launch.counts.clear()
-        with dispatch.installed(cpu, torch.float32, ops):
-            got = runner.decode(token, context - 1, table, context)
+    for step, (want, got) in enumerate(steps):
         err = (want - got).abs().max().item()
         assert err < 1e-4, f"step {step}: logits differ by {err}"
         assert int(got.argmax()) == int(want.argmax())
-        token = int(want.argmax())
     layers = tc.num_hidden_layers
     assert launch.counts == {
         "rms_norm": 1,  # layer 0's input norm (no residual yet)

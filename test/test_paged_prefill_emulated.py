@@ -151,8 +151,8 @@ def test_tiny_model_through_every_fused_kernel(tiny_ckpt, cached):
     attention as paged prefill (any call of more than one row) or paged decode; the reference
     runner is the plain torch path. Logits, greedy tokens and the whole KV cache must agree.
     """
-    from orin_llm_node.cuda_ops import FusedOps
     from orin_llm_node.engine.model_runner import ModelRunner
+    from orin_llm_node.engine.prefill_graph import PrefillGraphs
     from orin_llm_node.layers import dispatch
     from orin_llm_node.models.loader import load_model
     from orin_llm_node.processing.rope_index import rope_delta, rope_positions
@@ -178,12 +178,11 @@ def test_tiny_model_through_every_fused_kernel(tiny_ckpt, cached):
     with torch.inference_mode():
         visual = model.encode_images(pixels, torch.tensor([grid]))
     table = rng.sample(range(24), 9)
-    launch = kernel_emulator.counting_launch("float32", tc.head_dim)
-    ops = FusedOps(torch.float32, tc.head_dim, cpu, launch=launch)
-    ref = ModelRunner(model, 24, 16, 256, cpu, torch.float32, prefill_buckets=())
-    fused = ModelRunner(model, 24, 16, 256, cpu, torch.float32, prefill_buckets=(16, 32))
-    fused.attn = CudaPagedAttention(fused.kv_cache, tc.num_attention_heads, 256, launch=launch)
-    fused.attn.warmup()
+    launch = kernel_emulator.CountingLaunch(kernel_emulator.emulated_launch("float32",
+                                                                            tc.head_dim))
+    ref = ModelRunner(model, 24, 16, 256, cpu, torch.float32)
+    fused, ops = kernel_emulator.fused_runner(model, 24, 16, 256, launch)
+    fused.prefill_graphs = PrefillGraphs(fused, (16, 32))
 
     def both(call):
         want = call(ref)

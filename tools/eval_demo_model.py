@@ -18,6 +18,7 @@ inputs built independently with transformers' tokenizer, chat template and
 token ids differ.
 
     .venv/bin/python tools/eval_demo_model.py [--model DIR] [--per-type 500] [--no-reference]
+        [--quantization int8|int4|int4_asym|fp8]
 """
 
 import argparse
@@ -90,13 +91,17 @@ def main(argv=None):
     ap.add_argument('--threads', type=int, default=2)
     ap.add_argument('--max-tokens', type=int, default=8)
     ap.add_argument('--json', type=Path, help='write the summary here')
+    ap.add_argument('--quantization', default='none',
+                    help="EngineConfig.quantization of our engine (the reference stays fp32)")
     args = ap.parse_args(argv)
 
     from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
 
     torch.set_num_threads(args.threads)
     engine = LLMEngine(EngineConfig(model_path=args.model, device='cpu', dtype='float32',
-                                    enable_cuda_graph=False, block_order_seed=1))
+                                    enable_cuda_graph=False, block_order_seed=1,
+                                    quantization=args.quantization))
+    print(f'weights: {engine.weight_format}, {engine.weight_bytes} bytes', flush=True)
     ref = None if args.no_reference else Reference(args.model)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     summary = {}

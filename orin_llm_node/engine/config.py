@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from orin_llm_node.quantization import AT_LOAD_FORMATS
+
 _DEVICES = ("auto", "cpu", "cuda")
 _DTYPES = {
     "float32": torch.float32,
@@ -33,11 +35,17 @@ class EngineConfig:
     device memory after loading the weights times ``gpu_memory_fraction``, else (CPU) room for
     ``cpu_kv_tokens`` tokens (default: twice ``max_model_len``).
 
+    ``quantization``: ``"none"`` loads the checkpoint as it is (float, or its own INT4 / INT8 /
+    FP8 format when its config.json declares one); ``"int8"``, ``"int4"`` (groups of 128,
+    symmetric), ``"int4_asym"`` or ``"fp8"`` quantize a float checkpoint's decoder projections
+    while loading (weight-only, round-to-nearest, no calibration).
+
     The ROS node's parameters keep ROS names where they say more on the command line; this is
     the whole mapping (ROS parameter -> engine field; 0 / empty / negative means "unset")::
 
         model_path (empty: demo model)   -> EngineConfig.model_path
         device, dtype                    -> EngineConfig.device, EngineConfig.dtype
+        quantization                     -> EngineConfig.quantization
         kv_block_size                    -> EngineConfig.block_size
         kv_cache_memory_mb (0: derive)   -> EngineConfig.kv_cache_memory_mb
         max_model_len                    -> EngineConfig.max_model_len
@@ -72,6 +80,7 @@ class EngineConfig:
     image_min_pixels: int | None = None
     vision_cache_mb: float = 64.0
     block_order_seed: int | None = None
+    quantization: str = "none"
 
     def __post_init__(self):
         if not str(self.model_path):
@@ -109,6 +118,11 @@ class EngineConfig:
             raise ValueError(
                 f"image_min_pixels ({self.image_min_pixels}) must not exceed "
                 f"image_max_pixels ({self.image_max_pixels})"
+            )
+        if self.quantization != "none" and self.quantization not in AT_LOAD_FORMATS:
+            raise ValueError(
+                f"quantization must be 'none' or one of {sorted(AT_LOAD_FORMATS)}, "
+                f"got {self.quantization!r}"
             )
         if self.block_order_seed is not None and not isinstance(self.block_order_seed, int):
             raise ValueError(f"block_order_seed must be an int, got {self.block_order_seed!r}")

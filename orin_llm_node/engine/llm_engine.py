@@ -17,6 +17,7 @@ import torch
 
 from orin_llm_node.models import VisionOutput, load_model
 from orin_llm_node.processing import ChatTemplate, ImageProcessor, PromptBuilder, Tokenizer
+from orin_llm_node.quantization import model_weight_bytes
 
 from .block_pool import BlockPool
 from .config import EngineConfig, SamplingParams
@@ -85,7 +86,9 @@ class LLMEngine:
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
         path = config.model_path
-        self.model = load_model(path, dtype=self.dtype, device=self.device).eval()
+        self.model = load_model(path, dtype=self.dtype, device=self.device,
+                                quantization=config.quantization).eval()
+        self._weight_bytes = model_weight_bytes(self.model)
         mcfg = self.model.config
         self.tokenizer = Tokenizer.from_pretrained(path)
         image_processor = ImageProcessor.from_pretrained(path).capped(
@@ -121,14 +124,22 @@ class LLMEngine:
     # ---- public API ------------------------------------------------------------------------
 
     @property
-    def weight_format(self) -> str:
-        """How the weights are stored, e.g. ``bfloat16`` (the model dtype's name)."""
-        return str(self.dtype).replace("torch.", "")
-
-    @property
     def uses_cuda_graph(self) -> bool:
         """Whether decode steps replay a captured CUDA graph (not merely enabled)."""
         return self.runner.cuda_graph_active
+
+    @property
+    def weight_format(self) -> str:
+        """How the weights are held: the dtype name, or the quantized layers' source and format.
+
+        E.g. ``bfloat16``, ``at-load:int4``, ``compressed-tensors:int4-asym``, ``fp8:fp8``.
+        """
+        return self.model.weight_format
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights on the device (codes, scales and float parameters)."""
+        return self._weight_bytes
 
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
         """Start a conversation; the system prompt's blocks are shared through the cache."""

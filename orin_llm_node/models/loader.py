@@ -6,6 +6,11 @@ The module is built on the ``meta`` device (no memory), its parameters are alloc
 target dtype/device, then filled tensor by tensor from memory-mapped safetensors files: peak
 memory is the model plus one tensor, never a second full copy. Pickle files are never read.
 
+Quantized weights (``orin_llm_node.quantization``): the plan -- which linear layers load as
+INT8 / INT4 / FP8, from the checkpoint's ``quantization_config`` or quantized as they are read
+-- is made from the tensor names before anything is allocated; those layers are swapped for
+their quantized modules on the ``meta`` device, so no dense copy of them ever exists.
+
 The checkpoint keeps the Hugging Face layout (separate ``q_proj``/``k_proj``/``v_proj`` and
 ``gate_proj``/``up_proj``); the decoder holds them merged (``qkv_proj``, ``gate_up_proj``), so
 each of those tensors goes to its merged module's ``weight_loader`` with a shard id
@@ -19,6 +24,9 @@ from safetensors import safe_open
 import torch
 from torch import nn
 
+from orin_llm_node.layers import LinearBase
+from orin_llm_node.quantization.linear_method import quant_part, quantize_module
+
 from .config import ModelLoadError, Qwen3VLConfig, load_config
 from .qwen3_vl import Qwen3VLForCausalLM
 from .qwen3_vl_text import PACKED_MODULES
@@ -30,6 +38,7 @@ __all__ = [
     "checkpoint_target",
     "checkpoint_to_param_name",
     "checkpoint_view",
+    "linear_module_names",
     "load_model",
 ]
 
@@ -89,14 +98,20 @@ def _load_tensor(model: nn.Module, param: torch.Tensor, target: str, shard_id,
 
 
 def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "meta") -> Qwen3VLForCausalLM:
+                device: str | torch.device = "meta",
+                quantized: dict | None = None) -> Qwen3VLForCausalLM:
     """
     Build the model with uninitialised weights in ``dtype`` on ``device`` (``meta``: no memory).
 
-    Rotary buffers stay fp32 whatever ``dtype`` is (the reference computes RoPE in fp32).
+    Rotary buffers stay fp32 whatever ``dtype`` is (the reference computes RoPE in fp32), and
+    so do quantized layers' scales. ``quantized`` maps our linear layer names to the
+    :class:`~orin_llm_node.quantization.checkpoint.LayerQuant` that replaces them.
     """
     with torch.device("meta"):
         model = Qwen3VLForCausalLM(cfg)
+    for name, lq in (quantized or {}).items():
+        parent, _, attr = name.rpartition(".")
+        quantize_module(model.get_submodule(parent), attr, lq.make)
     device = torch.device(device)
     for module in model.modules():
         for name, p in module._parameters.items():
@@ -139,21 +154,83 @@ def _names(names: set[str] | list[str], limit: int = 5) -> str:
     return ", ".join(names[:limit]) + more
 
 
+def _checkpoint_keys(files: dict[Path, set[str] | None]) -> list[str]:
+    keys = []
+    for path, promised in files.items():
+        if promised is not None:
+            keys += promised
+            continue
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                keys += f.keys()
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise ModelLoadError(f"{path}: cannot read safetensors ({e})") from None
+    return keys
+
+
+def linear_module_names(cfg: Qwen3VLConfig) -> set[str]:
+    """Our linear layers (``nn.Linear`` or merged ``LinearBase``): what may be quantized."""
+    with torch.device("meta"):
+        return {n for n, m in Qwen3VLForCausalLM(cfg).named_modules()
+                if isinstance(m, nn.Linear | LinearBase)}
+
+
+def _checkpoint_linears(cfg: Qwen3VLConfig, keys: list[str]) -> dict[str, str]:
+    """Checkpoint module name -> our (possibly merged) linear module holding it."""
+    ours = linear_module_names(cfg)
+    linears = {}
+    for key in keys:
+        module = checkpoint_target(key)[0].rpartition(".")[0]
+        if module in ours:
+            linears[key.rpartition(".")[0]] = module
+    return linears
+
+
+def _quantized_modules(model_dir: Path, plan, linears: dict[str, str]) -> dict:
+    """Our module -> LayerQuant; every part of a merged module must share one format."""
+    quantized, parts = {}, {}
+    for ckpt, ours in linears.items():
+        parts.setdefault(ours, []).append(plan.layers.get(ckpt))
+    for ours, kinds in parts.items():
+        if any(k is not None for k in kinds):
+            if len(set(kinds)) != 1:
+                raise ModelLoadError(f"{model_dir}: the parts of {ours} are stored in different "
+                                     "formats (quantized and not, or two schemes); they share "
+                                     "one merged layer here")
+            quantized[ours] = kinds[0]
+    return quantized
+
+
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> Qwen3VLForCausalLM:
+               device: str | torch.device = "cpu",
+               quantization: str = "none") -> Qwen3VLForCausalLM:
     """
     Load the Qwen3-VL checkpoint in ``model_dir`` cast to ``dtype`` on ``device``.
 
+    ``quantization`` ("none", "int8", "int4", "int4_asym", "fp8") quantizes a float
+    checkpoint's decoder projections as they load; a checkpoint with a supported
+    ``quantization_config`` loads in its own format (with ``quantization="none"``).
     Raises :class:`ModelLoadError` (a ``ValueError``) with a one-line reason for a missing
-    directory, a non-Qwen3-VL config, unreadable/truncated files, missing or unexpected tensors
-    and shape mismatches.
+    directory, a non-Qwen3-VL config, unreadable/truncated files, missing or unexpected tensors,
+    shape mismatches and unsupported quantization formats.
     """
+    # Imported here: quantization.checkpoint itself imports this package's config module.
+    from orin_llm_node.quantization.checkpoint import plan_quantization
+
     model_dir = Path(model_dir)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"unsupported dtype {dtype} (float32, bfloat16 or float16)")
     cfg = load_config(model_dir)
     files = _weight_files(model_dir)
-    model = build_model(cfg, dtype, device)
+    all_keys = _checkpoint_keys(files)
+    linears = _checkpoint_linears(cfg, all_keys)
+    plan = plan_quantization(model_dir, all_keys, linears, quantization)
+    quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
+    if "lm_head" in quantized and cfg.tie_word_embeddings:
+        raise ModelLoadError(f"{model_dir}: a quantized lm_head with tied embeddings is not "
+                             "supported")
+    model = build_model(cfg, dtype, device, quantized)
+    model.weight_format = plan.description if plan else str(dtype).replace("torch.", "")
     params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
     expected = {hf for name in params for hf in checkpoint_names(name)}
     loaded, unexpected = set(), []
@@ -167,6 +244,13 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                         f"{_names(promised - keys)}"
                     )
                 for key in sorted(keys):
+                    role = plan.tensor_role(key) if plan else None
+                    if role is not None:
+                        layer, row0 = quant_part(model.get_submodule(linears[role[0]]),
+                                                 checkpoint_target(key)[1])
+                        if plan.add(*role, f.get_tensor(key), layer, row0):
+                            loaded.add(role[0])
+                        continue
                     name = checkpoint_to_param_name(key)
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # some tied checkpoints store a copy; the embedding wins
@@ -186,7 +270,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
             raise ModelLoadError(f"{path}: cannot read safetensors ({e})") from None
     if unexpected:
         raise ModelLoadError(f"{model_dir}: unexpected tensors: {_names(unexpected)}")
-    missing = expected - loaded
+    missing = (expected - loaded) | (set(plan.layers) - loaded if plan else set())
     if missing:
         raise ModelLoadError(f"{model_dir}: missing tensors: {_names(missing)}")
     return model

@@ -8,7 +8,6 @@ State-dict keys are the checkpoint's with ``model.`` dropped: ``visual.*``, ``la
 
 import torch
 from torch import nn
-import torch.nn.functional as F
 
 from orin_llm_node.attention.base import AttentionBackend
 
@@ -50,7 +49,7 @@ class Qwen3VLForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[M, V]`` of final-normed hidden states ``[M, H]``."""
-        return F.linear(hidden, self.lm_head.weight).float()
+        return self.lm_head(hidden).float()  # a module call: lm_head may be quantized
 
     def forward(
         self,

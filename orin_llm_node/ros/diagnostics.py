@@ -28,9 +28,9 @@ POOL_KEYS = ('total_blocks', 'free_blocks', 'cached_blocks', 'used_blocks', 'usa
 # Reported too when the engine provides them (they explain what the ladder did).
 POOL_EXTRA_KEYS = ('prefix_hits', 'prefix_misses', 'dropped_turns', 'vision_cache_hits',
                    'vision_cache_misses')
-GENERATION_KEYS = ('device', 'dtype', 'cuda_graph', 'last_ttft_ms', 'last_vision_ms',
-                   'last_decode_tok_s', 'queue_depth', 'requests', 'errors',
-                   'last_image_stamp', 'last_finish_reason')
+GENERATION_KEYS = ('device', 'dtype', 'weight_format', 'weight_bytes', 'cuda_graph',
+                   'last_ttft_ms', 'last_vision_ms', 'last_decode_tok_s', 'queue_depth',
+                   'requests', 'errors', 'last_image_stamp', 'last_finish_reason')
 
 # Counters whose growth is judged per period, and the level that growth raises.
 _WINDOWED = {
@@ -52,6 +52,8 @@ class GenerationSnapshot:
     #                                 finalized (the node's lifecycle)
     device: str = ''
     dtype: str = ''
+    weight_format: str = ''         # dtype name, or quantized layers' source:format
+    weight_bytes: int = 0
     cuda_graph: bool = False
     last_ttft_ms: float | None = None
     last_vision_ms: float | None = None

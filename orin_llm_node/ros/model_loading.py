@@ -31,8 +31,8 @@ def load_engine(params, log):
     stats = engine.stats()
     mb = stats.total_blocks * stats.bytes_per_block / 2 ** 20
     log.info(f'loaded in {time.monotonic() - t0:.1f} s on {engine.device} '
-             f'({engine.weight_format}); KV pool: {stats.total_blocks} blocks x '
-             f'{stats.block_size} tokens ({mb:.1f} MB)')
+             f'({engine.weight_format} weights, {engine.weight_bytes / 2 ** 20:.1f} MB); '
+             f'KV pool: {stats.total_blocks} blocks x {stats.block_size} tokens ({mb:.1f} MB)')
     t0 = time.monotonic()
     warm_up(engine)
     log.info(f'warm-up done in {time.monotonic() - t0:.1f} s')

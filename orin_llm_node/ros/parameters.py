@@ -74,6 +74,9 @@ PARAMETERS = (
     Param('device', 'auto', 'torch device', constraints='auto | cpu | cuda | cuda:N'),
     Param('dtype', 'auto', 'weights and KV dtype',
           constraints='auto | float32 | bfloat16 | float16'),
+    Param('quantization', 'none', 'weight-only quantization of a float checkpoint at load '
+          '(none = as stored; INT4 / INT8 / FP8 checkpoints load in their own format)',
+          constraints='none | int8 | int4 | int4_asym | fp8'),
     Param('max_new_tokens', 256, 'most tokens generated per answer', runtime=True,
           constraints='>= 1'),
     Param('temperature', 0.0, 'sampling temperature (0 = greedy)', runtime=True,
@@ -161,7 +164,7 @@ def engine_config(values, model_path):
     from orin_llm_node.engine import EngineConfig
     return EngineConfig(
         model_path=str(model_path), device=values['device'], dtype=values['dtype'],
-        block_size=values['kv_block_size'],
+        quantization=values['quantization'], block_size=values['kv_block_size'],
         kv_cache_memory_mb=values['kv_cache_memory_mb'] or None,
         max_model_len=values['max_model_len'], enable_prefix_cache=values['enable_prefix_cache'],
         enable_cuda_graph=values['enable_cuda_graph'],

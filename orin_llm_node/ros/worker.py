@@ -161,7 +161,10 @@ class Worker:
             self.load_error = ' '.join(str(exc).split()) or type(exc).__name__
             return False
         # cuda_graph: reported only when the engine says graphs are really in use.
-        self.node.info.update(device=str(engine.device), dtype=engine.weight_format,
+        self.node.info.update(device=str(engine.device),
+                              dtype=str(engine.dtype).replace('torch.', ''),
+                              weight_format=engine.weight_format,
+                              weight_bytes=engine.weight_bytes,
                               cuda_graph=bool(engine.uses_cuda_graph))
         self.node.monitor.hardware_id = str(engine.device)
         self.engine = engine

@@ -1,0 +1,158 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The interface every weight-only quantized linear layer implements.
+
+A :class:`QuantLinear` replaces an ``nn.Linear`` (same ``in_features`` / ``out_features`` /
+optional bias, same call) and stores its weight as integer or fp8 *codes* plus fp32 scales in
+one layout shared by all formats: ``scale [out, G]`` (and, for asymmetric formats,
+``zero [out, G]``), where group ``g`` covers input columns ``[g*group_size, (g+1)*group_size)``
+and the last group may be shorter (``G = ceil(in / group_size)``). Per-channel INT8 is
+``G = 1``; INT4 groups of 128; FP8's 128x128 block scales are stored per row (each 128-row
+block's scale repeated over its rows), which lets merged projections (q/k/v, gate/up) of any
+size concatenate their parts along the output dimension.
+
+``forward`` asks ``layers.dispatch`` (the one dispatch point) for the fused kernels of the
+input's device and dtype: with them, ``cuda_ops.FusedOps.quant_linear`` runs the dequantising
+GEMV / dequantise + matmul kernels of ``cuda_kernels/quant_linear.cu`` when the shape suits
+them; otherwise :meth:`QuantLinear.torch_forward`, ``F.linear(x, self.dequantize(x.dtype),
+bias)``, runs -- the CPU path and the kernels' oracle.
+"""
+
+from abc import ABC, abstractmethod
+import math
+from typing import ClassVar
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from orin_llm_node.layers.dispatch import kernels_for
+
+__all__ = ["QuantLinear", "expand_groups", "grouped"]
+
+
+def grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[rows, in]`` -> ``[rows, G, group_size]``, the last group zero-padded."""
+    rows, cols = weight.shape
+    groups = -(-cols // group_size)
+    padded = F.pad(weight, (0, groups * group_size - cols))
+    return padded.view(rows, groups, group_size)
+
+
+def expand_groups(per_group: torch.Tensor, group_size: int, cols: int) -> torch.Tensor:
+    """``[rows, G]`` -> ``[rows, cols]``: each group's value over its columns."""
+    return per_group.repeat_interleave(group_size, dim=1)[:, :cols]
+
+
+class QuantLinear(nn.Module, ABC):
+    """Weight-only quantized ``nn.Linear``: codes + per-row group scales, activations float.
+
+    Subclasses define the code buffer (``qweight``), :meth:`codes_to_float` and
+    :meth:`quantize_rows` (round-to-nearest from a float weight, used by quantize-at-load).
+    """
+
+    #: Format name ("int8", "int4", "fp8"): diagnostics and the kernel names.
+    format: ClassVar[str]
+    #: Input columns one kernel thread reads as one 16-byte load of codes.
+    chunk: ClassVar[int]
+    #: Bits per weight code.
+    bits: ClassVar[int]
+
+    def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool,
+                 asymmetric: bool = False, device=None):
+        super().__init__()
+        if group_size <= 0:
+            raise ValueError(f"group_size must be positive, got {group_size}")
+        self.in_features, self.out_features = in_features, out_features
+        self.group_size = min(group_size, in_features)
+        self.num_groups = math.ceil(in_features / self.group_size)
+        self.asymmetric = asymmetric
+        self.register_buffer("qweight", self._empty_codes(device))
+        self.register_buffer(
+            "scale", torch.empty(out_features, self.num_groups, dtype=torch.float32,
+                                 device=device))
+        self.register_buffer(
+            "zero", torch.empty(out_features, self.num_groups, dtype=torch.uint8,
+                                device=device) if asymmetric else None)
+        self.bias = (nn.Parameter(torch.empty(out_features, device=device), requires_grad=False)
+                     if bias else None)
+
+    # ------------------------------------------------------------------ format specifics
+
+    @abstractmethod
+    def _empty_codes(self, device) -> torch.Tensor:
+        """The uninitialised code buffer for this shape."""
+
+    @abstractmethod
+    def codes_to_float(self) -> torch.Tensor:
+        """The codes as fp32 ``[out, in]`` (before zero point and scale)."""
+
+    @classmethod
+    @abstractmethod
+    def quantize_rows(cls, weight: torch.Tensor, group_size: int,
+                      asymmetric: bool) -> dict[str, torch.Tensor]:
+        """Round-to-nearest codes / scale (/ zero) of a float ``weight [rows, in]``."""
+
+    # ----------------------------------------------------------------------- public API
+
+    def extra_repr(self) -> str:
+        """Shape, format and grouping (printed by ``repr(model)``)."""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"format={self.format}, group_size={self.group_size}, "
+                f"asymmetric={self.asymmetric}, bias={self.bias is not None}")
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The dense weight ``[out, in]`` in ``dtype`` (computed in fp32, cast once)."""
+        w = self.codes_to_float()
+        if self.zero is not None:
+            w = w - expand_groups(self.zero.float(), self.group_size, self.in_features)
+        return (w * expand_groups(self.scale, self.group_size, self.in_features)).to(dtype)
+
+    def load_rows(self, tensors: dict[str, torch.Tensor], row0: int = 0) -> int:
+        """Copy a part's ``qweight`` / ``scale`` (/ ``zero``) into rows ``row0...``.
+
+        The tensors are in this layout already (see ``quantization/checkpoint.py`` for the
+        on-disk layouts). Returns the number of rows written.
+        """
+        rows = tensors["scale"].shape[0]
+        if row0 + rows > self.out_features:
+            raise ValueError(f"rows {row0}..{row0 + rows} exceed out_features "
+                             f"{self.out_features}")
+        names = ["qweight", "scale"] + (["zero"] if self.asymmetric else [])
+        if sorted(tensors) != sorted(names):
+            raise ValueError(f"expected tensors {names}, got {sorted(tensors)}")
+        for name in names:
+            dst = getattr(self, name)[row0:row0 + rows]
+            if tuple(tensors[name].shape) != tuple(dst.shape):
+                raise ValueError(f"{name} has shape {list(tensors[name].shape)}, the layer "
+                                 f"needs {list(dst.shape)}")
+            dst.copy_(tensors[name])
+        return rows
+
+    def quantize_from(self, weight: torch.Tensor, row0: int = 0) -> int:
+        """Quantize a float weight part ``[rows, in]`` into rows ``row0...`` (round-to-nearest)."""
+        if weight.dim() != 2 or weight.shape[1] != self.in_features:
+            raise ValueError(f"weight of shape {list(weight.shape)} for in_features "
+                             f"{self.in_features}")
+        return self.load_rows(self.quantize_rows(weight.float(), self.group_size,
+                                                 self.asymmetric), row0)
+
+    def weight_bytes(self) -> int:
+        """Bytes of codes, scales, zero points and bias."""
+        return sum(t.numel() * t.element_size() for t in (*self.buffers(), *self.parameters()))
+
+    def kernel_supported(self) -> bool:
+        """Whether the CUDA kernels take this shape (else the torch path runs, also on CUDA)."""
+        return (self.in_features % self.chunk == 0 and self.group_size % self.chunk == 0)
+
+    def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The torch path: dequantise to ``x``'s dtype, then ``F.linear``."""
+        return F.linear(x, self.dequantize(x.dtype),
+                        None if self.bias is None else self.bias.to(x.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T + b`` for ``x [..., in]`` in any float dtype."""
+        kernels = kernels_for(x)
+        if kernels is not None:
+            return kernels.quant_linear(self, x)
+        return self.torch_forward(x)

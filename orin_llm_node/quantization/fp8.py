@@ -1,0 +1,61 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""FP8 e4m3 weights with 128x128 block scales (the fine-grained FP8 of Qwen's ``-FP8`` models).
+
+Codes are the raw e4m3 bytes (uint8: the kernels decode them by bit manipulation, since Orin's
+sm_87 has no fp8 hardware). ``w = e4m3(code) * s`` where ``s`` is the checkpoint's
+``weight_scale_inv`` of the code's 128x128 block; it is stored per row (``scale [out, G]``,
+G = ceil(in / 128), each block's value repeated over its 128 rows) so that parts of merged
+projections whose sizes are not multiples of 128 still concatenate.
+"""
+
+import torch
+
+from .base import QuantLinear, grouped
+
+__all__ = ["BLOCK", "E4M3_MAX", "Fp8Linear", "block_scales_to_rows"]
+
+BLOCK = 128
+E4M3_MAX = 448.0
+
+
+def block_scales_to_rows(block_scales: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[ceil(rows / 128), G]`` block scales -> ``[rows, G]`` fp32 (one row per weight row)."""
+    return block_scales.float().repeat_interleave(BLOCK, dim=0)[:rows]
+
+
+class Fp8Linear(QuantLinear):
+    """``qweight`` uint8 (e4m3 bits) ``[out, in]``; ``scale [out, ceil(in / 128)]``."""
+
+    format = "fp8"
+    chunk = 16
+    bits = 8
+
+    def __init__(self, in_features: int, out_features: int, group_size: int = BLOCK,
+                 bias: bool = False, asymmetric: bool = False, device=None):
+        if asymmetric or group_size not in (BLOCK, min(BLOCK, in_features)):
+            raise ValueError(f"fp8 weights are symmetric with {BLOCK}x{BLOCK} blocks")
+        super().__init__(in_features, out_features, BLOCK, bias, False, device)
+
+    def _empty_codes(self, device) -> torch.Tensor:
+        return torch.empty(self.out_features, self.in_features, dtype=torch.uint8, device=device)
+
+    def codes_to_float(self) -> torch.Tensor:
+        """The codes as fp32 ``[out, in]``."""
+        return self.qweight.view(torch.float8_e4m3fn).float()
+
+    def kernel_supported(self) -> bool:
+        """Any multiple of 16 input columns (group_size is min(128, in))."""
+        return self.in_features % self.chunk == 0
+
+    @classmethod
+    def quantize_rows(cls, weight, group_size, asymmetric):
+        """Round-to-nearest codes and scales of ``weight [rows, in]``."""
+        rows, cols = weight.shape
+        blocks = grouped(weight.t(), BLOCK).abs().amax(-1)  # [in, ceil(rows / 128)]
+        amax = grouped(blocks.t(), BLOCK).amax(-1)  # [ceil(rows / 128), ceil(in / 128)]
+        block_scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+        scale = block_scales_to_rows(block_scale, rows)
+        full = scale.repeat_interleave(BLOCK, dim=1)[:, :cols]
+        codes = (weight / full).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        return {"qweight": codes.view(torch.uint8), "scale": scale}

@@ -1,0 +1,75 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""INT4 weights in groups along the input dimension, symmetric or asymmetric.
+
+Codes are unsigned nibbles ``u`` in [0, 15] packed eight to an int32, element ``i`` of a word
+in bits ``4i..4i+3`` -- the layout compressed-tensors' "pack-quantized" format writes (it stores
+``q + 8`` for a signed code ``q``), so its tensors load without repacking. Dequantised:
+``w = (u - z) * s`` with ``z = 8`` (symmetric) or the group's zero point ``z`` in [0, 15].
+"""
+
+import torch
+
+from .base import QuantLinear, expand_groups, grouped
+
+__all__ = ["Int4Linear", "pack_int4", "unpack_int4"]
+
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """Unsigned nibbles ``[rows, cols]`` (any int dtype) -> int32 ``[rows, ceil(cols / 8)]``."""
+    rows, cols = codes.shape
+    words = -(-cols // 8)
+    u = torch.nn.functional.pad(codes.to(torch.int32) & 0xF, (0, words * 8 - cols))
+    u = u.view(rows, words, 8) << _SHIFTS.to(codes.device)
+    out = u[..., 0]
+    for i in range(1, 8):  # disjoint bits: OR them (int32 shifts wrap into the sign bit)
+        out = out | u[..., i]
+    return out
+
+
+def unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    """int32 ``[rows, words]`` -> unsigned nibbles uint8 ``[rows, cols]``."""
+    u = (packed[..., None] >> _SHIFTS.to(packed.device)) & 0xF
+    return u.flatten(-2)[..., :cols].to(torch.uint8)
+
+
+class Int4Linear(QuantLinear):
+    """``qweight`` int32 ``[out, ceil(in / 8)]``; ``scale [out, G]``; ``zero`` uint8 if asym."""
+
+    format = "int4"
+    chunk = 32
+    bits = 4
+
+    def __init__(self, in_features: int, out_features: int, group_size: int = 128,
+                 bias: bool = False, asymmetric: bool = False, device=None):
+        super().__init__(in_features, out_features, group_size, bias, asymmetric, device)
+
+    def _empty_codes(self, device) -> torch.Tensor:
+        return torch.empty(self.out_features, -(-self.in_features // 8), dtype=torch.int32,
+                           device=device)
+
+    def codes_to_float(self) -> torch.Tensor:
+        """The codes as fp32 ``[out, in]``."""
+        u = unpack_int4(self.qweight, self.in_features).float()
+        return u if self.asymmetric else u - 8.0
+
+    @classmethod
+    def quantize_rows(cls, weight, group_size, asymmetric):
+        """Round-to-nearest codes and scales of ``weight [rows, in]``."""
+        g = grouped(weight, group_size)
+        cols = weight.shape[1]
+        if asymmetric:
+            lo = g.amin(-1).clamp(max=0.0)
+            hi = g.amax(-1).clamp(min=0.0)
+            scale = (hi - lo) / 15.0
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            zero = torch.round(-lo / scale).clamp_(0, 15)
+            u = torch.round(weight / expand_groups(scale, group_size, cols))
+            u = (u + expand_groups(zero, group_size, cols)).clamp_(0, 15)
+            return {"qweight": pack_int4(u), "scale": scale, "zero": zero.to(torch.uint8)}
+        amax = g.abs().amax(-1)
+        scale = torch.where(amax > 0, amax / 7.0, torch.ones_like(amax))
+        q = torch.round(weight / expand_groups(scale, group_size, cols)).clamp_(-8, 7)
+        return {"qweight": pack_int4(q + 8), "scale": scale}

@@ -1,0 +1,40 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""INT8 weights, symmetric, one fp32 scale per output channel (or per group): ``w = q * s``."""
+
+import torch
+
+from .base import QuantLinear, expand_groups, grouped
+
+__all__ = ["Int8Linear"]
+
+
+class Int8Linear(QuantLinear):
+    """``qweight`` int8 ``[out, in]``; ``scale [out, G]`` (G = 1: per output channel)."""
+
+    format = "int8"
+    chunk = 16
+    bits = 8
+
+    def __init__(self, in_features: int, out_features: int, group_size: int | None = None,
+                 bias: bool = False, asymmetric: bool = False, device=None):
+        if asymmetric:
+            raise ValueError("int8 weights are symmetric only")
+        super().__init__(in_features, out_features, group_size or in_features, bias,
+                         asymmetric=False, device=device)
+
+    def _empty_codes(self, device) -> torch.Tensor:
+        return torch.empty(self.out_features, self.in_features, dtype=torch.int8, device=device)
+
+    def codes_to_float(self) -> torch.Tensor:
+        """The codes as fp32 ``[out, in]``."""
+        return self.qweight.float()
+
+    @classmethod
+    def quantize_rows(cls, weight, group_size, asymmetric):
+        """Round-to-nearest codes and scales of ``weight [rows, in]``."""
+        amax = grouped(weight, group_size).abs().amax(-1)
+        scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+        full = expand_groups(scale, group_size, weight.shape[1])
+        q = torch.round(weight / full).clamp_(-127, 127).to(torch.int8)
+        return {"qweight": q, "scale": scale}
