@@ -106,7 +106,7 @@ class LLMClient(Node):
             self._image_pubs[topic] = self.create_publisher(msg_type, topic, _RELIABLE)
         return self._image_pubs[topic]
 
-    def send_image(self, msg, topic=None, match_timeout_s=5.0):
+    def send_image(self, msg, topic=None, match_timeout_s=5.0, fresh_s=0.5):
         """Publish an Image or CompressedImage once a subscriber matched, and wait for its ack.
 
         Returns False when nothing subscribes to the topic (e.g. the node's image topic is
@@ -115,12 +115,19 @@ class LLMClient(Node):
         pub = self.image_publisher(type(msg), topic)
         if not self.spin_until(lambda: pub.get_subscription_count() > 0, match_timeout_s):
             return False
-        pub.publish(msg)
         # Reliable: the node's reader has the image before the prompt goes out (they travel
-        # on different topics); then let its executor take it.
-        acked = pub.wait_for_all_acked(Duration(seconds=match_timeout_s))
-        self.spin_until(lambda: False, 0.1)
-        return acked
+        # on different topics). The node ages an unstamped image from its arrival, and an
+        # acknowledgement can come one DDS heartbeat period (3 s) after the data arrived
+        # (measured: about one send in six with the node's loopback profile), so an image
+        # acknowledged late is sent again: the copy the prompt pairs with is at most
+        # ``fresh_s`` old.
+        deadline = time.monotonic() + match_timeout_s
+        while time.monotonic() < deadline:
+            pub.publish(msg)
+            if pub.wait_for_all_acked(Duration(seconds=fresh_s)):
+                self.spin_until(lambda: False, 0.1)     # let the node's executor take it
+                return True
+        return False
 
     def ask(self, text, timeout_s):
         """Publish ``text`` and wait for its ``response``; returns the answer or None."""
