@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""GPU decode benchmark: full-size random-weight Qwen3-VL, bf16, batch 1 (DESIGN section 10).
+"""GPU decode benchmark: full-size random-weight Qwen3-VL, bf16, batch 1.
 
 For each model size (2B, and 8B where memory allows) it measures, in one run on one GPU:
 
@@ -10,7 +10,7 @@ For each model size (2B, and 8B where memory allows) it measures, in one run on 
 * time to first token of a 448x448 image + ~32-token prompt (cold), and of a ~32-token second
   turn in the same conversation (prefix cache);
 * the fraction of the batch-1 bandwidth bound ``bandwidth / bytes read per token`` (text
-  decoder weights in bf16 without the embedding table -- the DESIGN yardstick -- and, as a
+  decoder weights in bf16 without the embedding table -- the bandwidth yardstick -- and, as a
   second figure, weights + the KV cache read at that context), against the GPU's nominal
   bandwidth when known and a measured device-to-device copy bandwidth.
 

@@ -13,7 +13,7 @@ from orin_llm_node.models.loader import checkpoint_names, checkpoint_to_param_na
 
 # Copies of the published config.json files (data only, no weights).
 CONFIGS = Path(__file__).resolve().parent / 'data' / 'qwen3_vl_configs'
-# Text-decoder parameters (embedding + layers + norm + untied lm_head), DESIGN §6.
+# Text-decoder parameters (embedding + layers + norm + untied lm_head) of the published configs.
 EXPECTED = {'2b': 1.721e9, '4b': 4.022e9, '8b': 8.191e9}
 
 

@@ -34,7 +34,7 @@ LABEL = {'none': 'bf16', 'int8': 'int8', 'fp8': 'fp8', 'int4': 'int4 (g128)'}
 ORIN_GB = (8, 16, 32, 64)
 #: Unified memory assumed taken by JetPack, the CUDA context, ROS 2 and the node's Python.
 RESERVED_GB = 3.0
-#: AGX Orin 64 GB DRAM bandwidth (DESIGN §10), for the decode upper bound per format.
+#: AGX Orin 64 GB DRAM bandwidth, for the decode upper bound per format.
 ORIN_BW = 204.8e9
 
 
