@@ -54,14 +54,11 @@ def _launch_node(context):
         parameters=[LaunchConfiguration('params_file'), overrides],
         remappings=[('image', image_topic), ('image/compressed', image_topic + '/compressed')],
         output='screen', emulate_tty=True)
-    if not _flag(context, 'lifecycle'):
-        node = Node(**common)
-        return [node, RegisterEventHandler(OnProcessExit(target_action=node,
-                                                         on_exit=_node_exited))]
-    node = LifecycleNode(arguments=['--managed'], **common)
+    managed = _flag(context, 'lifecycle')
+    node = LifecycleNode(arguments=['--managed'], **common) if managed else Node(**common)
     actions = [node, RegisterEventHandler(OnProcessExit(target_action=node,
                                                         on_exit=_node_exited))]
-    if _flag(context, 'autostart'):
+    if managed and _flag(context, 'autostart'):
         actions += [
             # Only after configure: a later deactivate (active -> inactive) must stick.
             RegisterEventHandler(OnStateTransition(

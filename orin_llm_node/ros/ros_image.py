@@ -74,7 +74,6 @@ _CVT = {
 }
 
 SUPPORTED_ENCODINGS = tuple(sorted(_LAYOUT))
-SUPPORTED_COMPRESSED_FORMATS = ('jpeg', 'png')
 
 _JPEG_MAGIC = b'\xff\xd8\xff'
 _PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
