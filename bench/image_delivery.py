@@ -31,15 +31,19 @@ import sys
 import time
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from orin_llm_node.ros.dds_profile import PROFILE_VARIABLES, profile_path  # noqa: E402
+
 PROFILE = REPO / 'config' / 'fastdds_large_images.xml'
-NODE_PROFILE = REPO / 'orin_llm_node' / 'ros' / 'dds_profiles' / 'loopback.xml'
-PROFILE_VARS = ('FASTDDS_DEFAULT_PROFILES_FILE', 'FASTRTPS_DEFAULT_PROFILES_FILE')
+# The profile the node gives itself under this bench's loopback-only discovery.
+NODE_PROFILE = profile_path({'ROS_LOCALHOST_ONLY': '1'})
 TOPIC = '/bench/delivery'
 
 
 def ros_env(profile):
     """The loopback-only environment, with ``profile`` (a path, or None) for Fast DDS."""
-    env = {k: v for k, v in os.environ.items() if k not in PROFILE_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in PROFILE_VARIABLES}
     env.update(ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1',
                AMENT_PREFIX_PATH=os.environ.get('AMENT_PREFIX_PATH', sys.prefix),
                PYTHONUNBUFFERED='1')
