@@ -20,6 +20,7 @@ from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 OK = 0
 WARN = 1
 ERROR = 2
+LEVEL_NAMES = {OK: 'OK', WARN: 'WARN', ERROR: 'ERROR'}
 
 POOL_KEYS = ('total_blocks', 'free_blocks', 'cached_blocks', 'used_blocks', 'usage_pct',
              'block_size', 'bytes_per_block', 'prefix_hit_rate', 'evictions',
