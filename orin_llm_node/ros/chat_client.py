@@ -172,10 +172,13 @@ class LLMClient(Node):
 
 def image_message(path):
     """A CompressedImage of the file: JPEG/PNG as they are, anything else re-encoded as PNG."""
+    from orin_llm_node.ros.ros_image import compressed_kind
+
     data = Path(path).read_bytes()
     msg = CompressedImage()
-    if data[:3] == b'\xff\xd8\xff' or data[:8] == b'\x89PNG\r\n\x1a\n':
-        msg.format = 'jpeg' if data[:3] == b'\xff\xd8\xff' else 'png'
+    kind = compressed_kind(data)
+    if kind is not None:
+        msg.format = kind
     else:
         import cv2
         import numpy as np

@@ -162,8 +162,7 @@ def check_compressed(msg):
     if size > MAX_COMPRESSED_BYTES:
         raise ImageConversionError(
             f'compressed image of {size} bytes is absurd (limit {MAX_COMPRESSED_BYTES})')
-    head = bytes(msg.data[:8])
-    kind = 'jpeg' if head.startswith(_JPEG_MAGIC) else 'png' if head == _PNG_MAGIC else None
+    kind = compressed_kind(msg.data)
     # image_transport writes e.g. "bgr8; jpeg compressed bgr8"; bare "jpeg"/"png" is common too.
     if 'compresseddepth' in fmt.replace(' ', ''):
         raise ImageConversionError(f"unsupported compressed format '{msg.format}' (depth)")
@@ -178,6 +177,12 @@ def check_compressed(msg):
         raise ImageConversionError(f"compressed format says '{msg.format}' but data is {kind}")
     _check_size(*compressed_size(msg.data, kind))
     return kind
+
+
+def compressed_kind(data):
+    """``'jpeg'`` or ``'png'`` by the magic bytes that ``data`` starts with, else None."""
+    head = bytes(data[:8])
+    return 'jpeg' if head.startswith(_JPEG_MAGIC) else 'png' if head == _PNG_MAGIC else None
 
 
 def compressed_size(data, kind):
