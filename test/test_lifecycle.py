@@ -18,7 +18,7 @@ rclpy = pytest.importorskip('rclpy')
 
 from lifecycle_msgs.msg import State, Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
-from test_node import Probe, start_node, stop  # noqa: E402
+from test_node import Probe, memory_mb, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 
@@ -26,13 +26,6 @@ pytestmark = pytest.mark.ros
 
 NS = '/llm_lifecycle'
 SYSTEM = 'You are a test robot.'
-
-
-def rss_mb(proc):
-    for line in Path(f'/proc/{proc.pid}/status').read_text().splitlines():
-        if line.startswith('VmRSS:'):
-            return int(line.split()[1]) / 1024
-    raise AssertionError('no VmRSS')
 
 
 @pytest.fixture(scope='module')
@@ -69,12 +62,12 @@ def test_every_transition(wide_ckpt, tmp_path, capsys):
                          'diagnostics: unconfigured')
         assert probe.ready is False
         time.sleep(1.0)
-        memory = {'before configure': rss_mb(proc)}
+        memory = {'before configure': memory_mb(proc, 'VmRSS')}
 
         for _ in range(2):              # cleanup -> configure again must work
             transition(Transition.TRANSITION_CONFIGURE)
             assert state() == State.PRIMARY_STATE_INACTIVE and probe.ready is False
-            memory.setdefault('after configure', rss_mb(proc))
+            memory.setdefault('after configure', memory_mb(proc, 'VmRSS'))
             probe.spin_until(lambda: probe.pub_prompt.get_subscription_count() > 0, 20.0,
                              'the prompt subscription')
             info = probe.ask_info('Are you there?')      # inactive: refused with a reason
@@ -94,7 +87,7 @@ def test_every_transition(wide_ckpt, tmp_path, capsys):
             transition(Transition.TRANSITION_CLEANUP)
             assert state() == State.PRIMARY_STATE_UNCONFIGURED
             time.sleep(1.0)
-            memory.setdefault('after cleanup', rss_mb(proc))
+            memory.setdefault('after cleanup', memory_mb(proc, 'VmRSS'))
         with capsys.disabled():
             print(f'\nmanaged node RSS (MB, weights {weights_mb:.0f} MB): '
                   + ', '.join(f'{k} {v:.0f}' for k, v in memory.items()))
