@@ -35,6 +35,7 @@ from std_srvs.srv import Trigger  # noqa: E402
 from test_ros_image import png_bomb, png_header_only  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from orin_llm_node.ros.diagnostics import level_of  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -114,8 +115,7 @@ class Probe:
 
     def _on_diag(self, msg):
         for s in msg.status:
-            level = s.level[0] if isinstance(s.level, bytes) else int(s.level)
-            entry = (level, s.message, {kv.key: kv.value for kv in s.values})
+            entry = (level_of(s), s.message, {kv.key: kv.value for kv in s.values})
             self.diag[s.name] = entry
             self.diag_log.append((s.name, entry))
 

@@ -56,8 +56,8 @@ def node_command(max_new_tokens):
 
 
 def _print_status(status):
-    from orin_llm_node.ros.diagnostics import LEVEL_NAMES
-    level = status.level[0] if isinstance(status.level, bytes) else int(status.level)
+    from orin_llm_node.ros.diagnostics import LEVEL_NAMES, level_of
+    level = level_of(status)
     name = LEVEL_NAMES.get(level, str(level))
     print(f'  {status.name} [{name}] {status.message}')
     for kv in status.values:
