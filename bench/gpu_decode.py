@@ -111,7 +111,8 @@ def random_load_model(model_dir, dtype=torch.float32, device="cpu", quantization
     if key not in _MODELS:
         cfg = load_config(model_dir)
         names = linear_module_names(cfg)
-        plan = plan_quantization(Path(model_dir), [], {n: n for n in names}, quantization)
+        plan = plan_quantization(Path(model_dir), cfg.quantization_config, [],
+                                 {n: n for n in names}, quantization)
         model = build_model(cfg, dtype, device, plan.layers if plan else None)
         model.weight_format = plan.description if plan else str(dtype).replace("torch.", "")
         init_random_(model)

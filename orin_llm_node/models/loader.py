@@ -224,7 +224,8 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     files = _weight_files(model_dir)
     all_keys = _checkpoint_keys(files)
     linears = _checkpoint_linears(cfg, all_keys)
-    plan = plan_quantization(model_dir, all_keys, linears, quantization)
+    plan = plan_quantization(model_dir, cfg.quantization_config, all_keys, linears,
+                             quantization)
     quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
     if "lm_head" in quantized and cfg.tie_word_embeddings:
         raise ModelLoadError(f"{model_dir}: a quantized lm_head with tied embeddings is not "
