@@ -113,8 +113,7 @@ def random_load_model(model_dir, dtype=torch.float32, device="cpu", quantization
         names = linear_module_names(cfg)
         plan = plan_quantization(Path(model_dir), cfg.quantization_config, [],
                                  {n: n for n in names}, quantization)
-        model = build_model(cfg, dtype, device, plan.layers if plan else None)
-        model.weight_format = plan.description if plan else str(dtype).replace("torch.", "")
+        model = build_model(cfg, dtype, device, plan and plan.layers, plan and plan.description)
         init_random_(model)
         gen = torch.Generator(device=device).manual_seed(1)
         for m in model.modules():
