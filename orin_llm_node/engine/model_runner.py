@@ -206,11 +206,13 @@ class ModelRunner:
         n = len(block_table)
         if n > self.max_blocks_per_seq:
             raise ValueError(f"block table of {n} blocks exceeds {self.max_blocks_per_seq}")
-        if n < len(mirror) or block_table[: len(mirror)] != mirror:
-            mirror = []
-        if n > len(mirror):
-            new = torch.tensor(block_table[len(mirror):], dtype=torch.long)
-            self.decode_block_table[len(mirror):n].copy_(new, non_blocking=True)
+        # Most steps the table is unchanged: one compare, no copy. It grows by one block
+        # every block_size steps (only the new entry is copied); another table is copied whole.
+        m = len(mirror)
+        if n != m or block_table != mirror:
+            keep = m if n > m and block_table[:m] == mirror else 0
+            new = torch.tensor(block_table[keep:], dtype=torch.long)
+            self.decode_block_table[keep:n].copy_(new, non_blocking=True)
             self._table_on_device = list(block_table)
         self.decode_input_ids.fill_(token_id)
         self.decode_positions.fill_(position)
