@@ -330,15 +330,9 @@ def main(argv=None) -> int:
 
     if not cupy_available():
         sys.exit("decode_anatomy: needs CuPy (cupy-cuda12x / cupy-cuda13x)")
-    result = gpu_main(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"decode_anatomy_{args.model}_" + result["device"].replace(" ", "_").replace("/", "_")
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
-    try:
-        plot(result, args.out / f"{stem}.png")
-    except ImportError as exc:  # the JSON is written; a bare GPU box may lack matplotlib
-        print(f"decode_anatomy: no PNG ({exc})", file=sys.stderr)
+    import gpu_decode
+
+    gpu_decode.write_result("decode_anatomy", gpu_main(args), plot, args.out, tag=args.model)
     return 0
 
 

@@ -111,9 +111,9 @@ def random_load_model(model_dir, dtype=torch.float32, device="cpu", quantization
     if key not in _MODELS:
         cfg = load_config(model_dir)
         names = linear_module_names(cfg)
-        plan = plan_quantization(Path(model_dir), [], {n: n for n in names}, quantization)
-        model = build_model(cfg, dtype, device, plan.layers if plan else None)
-        model.weight_format = plan.description if plan else str(dtype).replace("torch.", "")
+        plan = plan_quantization(Path(model_dir), cfg.quantization_config, [],
+                                 {n: n for n in names}, quantization)
+        model = build_model(cfg, dtype, device, plan and plan.layers, plan and plan.description)
         init_random_(model)
         gen = torch.Generator(device=device).manual_seed(1)
         for m in model.modules():
@@ -346,17 +346,8 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="2b,8b", help="comma list of 2b, 4b, 8b")
-    p.add_argument("--contexts", default="128,1024,4096,16384")
-    p.add_argument("--decode-tokens", type=int, default=128)
+    p = argument_parser(__doc__, contexts="128,1024,4096,16384", kv_cache_mb=4096)
     p.add_argument("--hf-tokens", type=int, default=64)
-    p.add_argument("--kv-cache-mb", type=float, default=4096)
-    p.add_argument("--bandwidth-gbs", type=float, default=None,
-                   help="peak DRAM bandwidth (default: nominal for the GPU, else measured copy)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    p.add_argument("--smoke", action="store_true",
-                   help="check the script on the CPU with a tiny model (no measurement)")
     args = p.parse_args(argv)
     global DEV
     if args.smoke:
@@ -366,10 +357,7 @@ def main(argv=None):
     args.contexts = [int(c) for c in args.contexts.split(",")]
     if DEV == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_decode: needs a CUDA GPU (or --smoke)")
-    name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu-smoke"
-    measured = copy_bandwidth_gbs(1 << 24 if DEV == "cpu" else 1 << 30)
-    nominal = nominal_bandwidth_gbs(name)
-    args.bandwidth_gbs = args.bandwidth_gbs or nominal or measured
+    name, nominal, measured = device_bandwidth(args)
     cap = torch.cuda.get_device_capability() if DEV == "cuda" else ()
     result = {"device": name, "capability": ".".join(map(str, cap)),
               "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -389,14 +377,47 @@ def run_and_write(bench: str, bench_model, plot, result: dict, args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.models.split(","):
             result["models"][size] = bench_model(size, args, Path(tmp))
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{bench}_" + result["device"].replace(" ", "_").replace("/", "_")
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    write_result(bench, result, plot, args.out)
+
+
+def write_result(bench: str, result: dict, plot, out: Path, tag: str = "") -> None:
+    """Write ``result`` as JSON (and printed) and ``plot`` it as PNG, named after the device."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{bench}_{tag}_" if tag else f"{bench}_"
+    stem += result["device"].replace(" ", "_").replace("/", "_")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     try:
-        plot(result, args.out / f"{stem}.png")
+        plot(result, out / f"{stem}.png")
     except ImportError as exc:  # the JSON is written; a bare GPU box may lack matplotlib
         print(f"{bench}: no PNG ({exc})", file=sys.stderr)
+
+
+def argument_parser(doc: str, contexts: str, kv_cache_mb: float) -> argparse.ArgumentParser:
+    """Options the decode benchmarks share (models, contexts, bandwidth, output, smoke)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--models", default="2b,8b", help="comma list of 2b, 4b, 8b")
+    p.add_argument("--contexts", default=contexts)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--kv-cache-mb", type=float, default=kv_cache_mb)
+    p.add_argument("--bandwidth-gbs", type=float, default=None,
+                   help="peak DRAM bandwidth (default: nominal for the GPU, else measured copy)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--smoke", action="store_true",
+                   help="check the script on the CPU with a tiny model (no measurement)")
+    return p
+
+
+def device_bandwidth(args) -> tuple[str, float | None, float]:
+    """Name ``DEV``, measure its copy bandwidth and fill ``args.bandwidth_gbs`` if unset.
+
+    Returns (device name, nominal GB/s or None, measured copy GB/s).
+    """
+    name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu-smoke"
+    measured = copy_bandwidth_gbs(1 << 24 if DEV == "cpu" else 1 << 30)
+    nominal = nominal_bandwidth_gbs(name)
+    args.bandwidth_gbs = args.bandwidth_gbs or nominal or measured
+    return name, nominal, measured
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ check of the script, not a measurement. Prefill speed of the dequantise + cuBLAS
 measured here.
 """
 
-import argparse
 import json
 from pathlib import Path
 import sys
@@ -138,18 +137,9 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="2b,8b", help="comma list of 2b, 4b, 8b")
+    p = gd.argument_parser(__doc__, contexts="128,1024", kv_cache_mb=2048)
     p.add_argument("--formats", default="none,int8,int4,fp8",
                    help="comma list of EngineConfig.quantization values (none = bf16)")
-    p.add_argument("--contexts", default="128,1024")
-    p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--kv-cache-mb", type=float, default=2048)
-    p.add_argument("--bandwidth-gbs", type=float, default=None,
-                   help="peak DRAM bandwidth (default: nominal for the GPU, else measured copy)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    p.add_argument("--smoke", action="store_true",
-                   help="check the script on the CPU with a tiny model (no measurement)")
     args = p.parse_args(argv)
     if args.smoke:
         gd.DEV = "cpu"
@@ -158,9 +148,7 @@ def main(argv=None):
         sys.exit("quant_decode: needs a CUDA GPU with CuPy (or --smoke); nothing was measured")
     args.contexts = [int(c) for c in args.contexts.split(",")]
     args.formats = args.formats.split(",")
-    name = torch.cuda.get_device_name() if gd.DEV == "cuda" else "cpu-smoke"
-    measured = gd.copy_bandwidth_gbs(1 << 24 if gd.DEV == "cpu" else 1 << 30)
-    args.bandwidth_gbs = args.bandwidth_gbs or gd.nominal_bandwidth_gbs(name) or measured
+    name, _, measured = gd.device_bandwidth(args)
     result = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "bandwidth_gbs_used": args.bandwidth_gbs, "measured_copy_bandwidth_gbs": measured,
               "contexts": args.contexts, "decode_tokens": args.decode_tokens, "models": {}}

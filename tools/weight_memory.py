@@ -16,14 +16,13 @@ import argparse
 import json
 from pathlib import Path
 import sys
-import tempfile
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orin_llm_node.models import build_model, load_config  # noqa: E402
+from orin_llm_node.models import build_model, config_from_dict  # noqa: E402
 from orin_llm_node.models.loader import linear_module_names  # noqa: E402
 from orin_llm_node.quantization.checkpoint import plan_quantization  # noqa: E402
 
@@ -44,12 +43,10 @@ def _bytes(tensors) -> int:
 
 def measure(size: str, quantization: str) -> dict:
     """Weight bytes (text, vision, read per decode token) and KV bytes per token."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = json.loads((CONFIGS / f'qwen3-vl-{size}-instruct.config.json').read_text())
-        (Path(tmp) / 'config.json').write_text(json.dumps(src))
-        cfg = load_config(tmp)
-        names = linear_module_names(cfg)
-        plan = plan_quantization(Path(tmp), [], {n: n for n in names}, quantization)
+    path = CONFIGS / f'qwen3-vl-{size}-instruct.config.json'
+    cfg = config_from_dict(json.loads(path.read_text()))
+    plan = plan_quantization(path, cfg.quantization_config, [],
+                             {n: n for n in linear_module_names(cfg)}, quantization)
     model = build_model(cfg, torch.bfloat16, 'meta', plan.layers if plan else None)
     vision = _bytes(model.visual.parameters())
     text = _bytes({id(p): p for m in (model.language_model, model.lm_head)

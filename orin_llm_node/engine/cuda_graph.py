@@ -24,9 +24,30 @@ import logging
 
 import torch
 
-__all__ = ["CudaGraphDecode"]
+__all__ = ["CudaGraphDecode", "capture_graph", "pointer_key"]
 
 log = logging.getLogger(__name__)
+
+
+def pointer_key(runner, *buffers: torch.Tensor) -> tuple:
+    """Everything a graph over ``runner``'s model bakes in, as a comparable key.
+
+    The attention backend and its own pointers (``graph_key``), the KV tensor's address and
+    those of ``buffers``.
+    """
+    return (id(runner.attn), runner.kv_cache.data_ptr(), *(t.data_ptr() for t in buffers),
+            *runner.attn.graph_key())
+
+
+def capture_graph(fn, pool):
+    """Capture ``fn()`` into a new graph in memory pool ``pool``; ``(graph, fn's outputs)``.
+
+    ``thread_local``: CUDA calls from other threads cannot invalidate the capture.
+    """
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = fn()
+    return graph, out
 
 
 class CudaGraphDecode:
@@ -49,9 +70,8 @@ class CudaGraphDecode:
 
     def _pointers(self) -> tuple:
         r = self.runner
-        buffers = (r.kv_cache, r.decode_input_ids, r.decode_positions, r.decode_slot_mapping,
-                   r.decode_block_table, r.decode_banned)
-        return (id(r.attn), *(t.data_ptr() for t in buffers), *r.attn.graph_key())
+        return pointer_key(r, r.decode_input_ids, r.decode_positions, r.decode_slot_mapping,
+                           r.decode_block_table, r.decode_banned)
 
     def _replay(self) -> None:
         key = self._pointers()
@@ -81,9 +101,7 @@ class CudaGraphDecode:
         eager, _ = self.runner._decode_graph_body()  # warm-up on this thread, not captured
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits, token = self.runner._decode_graph_body()
+        graph, (logits, token) = capture_graph(self.runner._decode_graph_body, self._pool)
         graph.replay()
         if not torch.equal(logits, eager):
             log.warning(

@@ -162,13 +162,13 @@ class LLMEngine:
             image_sizes = COMMON_FRAME_SIZES
         t0 = time.perf_counter()
         processor = self.prompts.image_processor
-        grids = set()
-        for height, width in image_sizes:
-            frame = np.zeros((int(height), int(width), 3), dtype=np.uint8)
-            image = processor.preprocess(frame)
-            if image.grid_thw not in grids:
-                grids.add(image.grid_thw)
-                self.runner.encode_image(image.pixel_values, image.grid_thw)
+        # The grid follows from the size alone (no frame is built, resized or patched): the
+        # tower runs once per distinct grid on zero patches, its values do not matter.
+        p, t = processor.patch_size, processor.temporal_patch_size
+        grids = {(1, h // p, w // p) for h, w in
+                 (processor.target_size(int(h), int(w)) for h, w in image_sizes)}
+        for grid in grids:
+            self.runner.encode_image(torch.zeros(grid[1] * grid[2], 3 * t * p * p), grid)
         self.runner.capture_prefill_graphs()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

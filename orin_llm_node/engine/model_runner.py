@@ -111,19 +111,17 @@ class ModelRunner:
         )
         self.bytes_per_block = kv_bytes_per_block(tc, block_size, dtype)
         self.attn = make_attention_backend(self.kv_cache, tc.num_attention_heads, max_model_len)
-        self.enable_cuda_graph = enable_cuda_graph and device.type == "cuda"
         # CUDA Graph decode (engine/cuda_graph.py): needs a backend that reads its per-step
         # metadata from device memory (graph_safe); captured on the first decode step,
         # replayed by run_decode after prepare_decode has written the static buffers.
         self.decode_graph = None
-        if self.enable_cuda_graph:
+        if enable_cuda_graph and device.type == "cuda":
             from .cuda_graph import CudaGraphDecode
 
             if self.attn.graph_safe:
                 self.decode_graph = CudaGraphDecode(self)
             else:
                 log.warning("CUDA graphs need the CUDA attention backend: decoding eagerly")
-        self.cuda_graph_active = self.decode_graph is not None
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size) + 1
         # Bucketed prefill of short text-only suffixes: by default only where it pays, with
         # graphs (padding costs compute); tests pass buckets to run the padding on the CPU.
@@ -141,6 +139,11 @@ class ModelRunner:
         self.decode_banned = torch.zeros(tc.vocab_size, dtype=torch.bool, device=device)
         self._banned_ids = None  # the sampler tensor decode_banned was last built from
         self._table_on_device: list[int] = []  # host mirror of decode_block_table's prefix
+
+    @property
+    def cuda_graph_active(self) -> bool:
+        """Whether decode steps replay a captured CUDA graph (not merely enabled)."""
+        return self.decode_graph is not None
 
     # ---- vision ----------------------------------------------------------------------------
 
@@ -203,11 +206,13 @@ class ModelRunner:
         n = len(block_table)
         if n > self.max_blocks_per_seq:
             raise ValueError(f"block table of {n} blocks exceeds {self.max_blocks_per_seq}")
-        if n < len(mirror) or block_table[: len(mirror)] != mirror:
-            mirror = []
-        if n > len(mirror):
-            new = torch.tensor(block_table[len(mirror):], dtype=torch.long)
-            self.decode_block_table[len(mirror):n].copy_(new, non_blocking=True)
+        # Most steps the table is unchanged: one compare, no copy. It grows by one block
+        # every block_size steps (only the new entry is copied); another table is copied whole.
+        m = len(mirror)
+        if n != m or block_table != mirror:
+            keep = m if n > m and block_table[:m] == mirror else 0
+            new = torch.tensor(block_table[keep:], dtype=torch.long)
+            self.decode_block_table[keep:n].copy_(new, non_blocking=True)
             self._table_on_device = list(block_table)
         self.decode_input_ids.fill_(token_id)
         self.decode_positions.fill_(position)

@@ -24,6 +24,8 @@ import logging
 import numpy as np
 import torch
 
+from .cuda_graph import capture_graph, pointer_key
+
 __all__ = ["DEFAULT_BUCKETS", "PrefillGraphs"]
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ class PrefillGraphs:
         if not self.use_graphs:
             return self._forward(size)
         entry = self.graphs.get(size)
-        if entry is None or entry[2] != self._key():
+        if entry is None or entry[2] != pointer_key(self.runner):
             return self._capture(size)
         entry[0].replay()
         return entry[1].clone()  # the next replay overwrites the graph's output
@@ -112,10 +114,6 @@ class PrefillGraphs:
         hidden = model(self.input_ids[:size], self.positions[:, :size], self.runner.attn)
         return model.compute_logits(hidden.index_select(0, self.last_index))[0]
 
-    def _key(self) -> tuple:
-        r = self.runner
-        return (id(r.attn), r.kv_cache.data_ptr(), *r.attn.graph_key())
-
     def _capture(self, size: int) -> torch.Tensor:
         # Same protocol as the decode graph (engine/cuda_graph.py): an eager run on this thread
         # first (cuBLAS/CuPy state, and the result of this call), then the capture; the step
@@ -123,10 +121,8 @@ class PrefillGraphs:
         eager = self._forward(size)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits = self._forward(size)
-        self.graphs[size] = (graph, logits, self._key())
+        graph, logits = capture_graph(lambda: self._forward(size), self._pool)
+        self.graphs[size] = (graph, logits, pointer_key(self.runner))
         self.captures += 1
         log.debug("prefill graph captured for %d tokens", size)
         return eager

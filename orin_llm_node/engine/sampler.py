@@ -35,9 +35,9 @@ class Sampler:
             logits = logits.masked_fill(logits < kth, float("-inf"))
         if p.top_p < 1.0:
             sorted_logits, order = torch.sort(logits, descending=True)
-            cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+            sorted_probs = torch.softmax(sorted_logits, dim=-1)
             # Drop a token when the tokens before it already reach top_p (keeps >= 1 token).
-            drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= p.top_p
+            drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= p.top_p
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
         probs = torch.softmax(logits, dim=-1)

@@ -9,7 +9,7 @@ transformers 5 writes a single ``rope_parameters`` dict instead. Both parse to t
 the tokenizer, not here.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import json
 import math
 from pathlib import Path
@@ -86,6 +86,8 @@ class Qwen3VLConfig:
     vision_start_token_id: int
     vision_end_token_id: int
     tie_word_embeddings: bool
+    #: The checkpoint's ``quantization_config`` as written (``quantization.checkpoint`` reads it).
+    quantization_config: dict | None = field(default=None, compare=False)
 
 
 def _get(d: dict, key: str, where: str, default: Any = ...) -> Any:
@@ -177,6 +179,7 @@ def config_from_dict(raw: dict) -> Qwen3VLConfig:
         vision_end_token_id=int(_get(raw, "vision_end_token_id", "config")),
         # Only the top-level flag decides tying (text_config may carry a stale copy).
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        quantization_config=raw.get("quantization_config"),
     )
     _validate(cfg)
     return cfg

@@ -99,13 +99,16 @@ def _load_tensor(model: nn.Module, param: torch.Tensor, target: str, shard_id,
 
 def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "meta",
-                quantized: dict | None = None) -> Qwen3VLForCausalLM:
+                quantized: dict | None = None,
+                weight_format: str | None = None) -> Qwen3VLForCausalLM:
     """
     Build the model with uninitialised weights in ``dtype`` on ``device`` (``meta``: no memory).
 
     Rotary buffers stay fp32 whatever ``dtype`` is (the reference computes RoPE in fp32), and
     so do quantized layers' scales. ``quantized`` maps our linear layer names to the
     :class:`~orin_llm_node.quantization.checkpoint.LayerQuant` that replaces them.
+    ``model.weight_format`` is ``weight_format`` (a ``QuantPlan.description``) or, for a float
+    model, the dtype's name.
     """
     with torch.device("meta"):
         model = Qwen3VLForCausalLM(cfg)
@@ -124,6 +127,7 @@ def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
                 module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=device)
     model.tie_weights()  # re-share lm_head after the parameters were replaced
     model.init_buffers()
+    model.weight_format = weight_format or str(dtype).replace("torch.", "")
     return model.eval()
 
 
@@ -224,13 +228,13 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     files = _weight_files(model_dir)
     all_keys = _checkpoint_keys(files)
     linears = _checkpoint_linears(cfg, all_keys)
-    plan = plan_quantization(model_dir, all_keys, linears, quantization)
+    plan = plan_quantization(model_dir, cfg.quantization_config, all_keys, linears,
+                             quantization)
     quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
     if "lm_head" in quantized and cfg.tie_word_embeddings:
         raise ModelLoadError(f"{model_dir}: a quantized lm_head with tied embeddings is not "
                              "supported")
-    model = build_model(cfg, dtype, device, quantized)
-    model.weight_format = plan.description if plan else str(dtype).replace("torch.", "")
+    model = build_model(cfg, dtype, device, quantized, plan and plan.description)
     params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
     expected = {hf for name in params for hf in checkpoint_names(name)}
     loaded, unexpected = set(), []

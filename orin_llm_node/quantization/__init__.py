@@ -9,12 +9,6 @@ from .fp8 import Fp8Linear
 from .int4 import Int4Linear
 from .int8 import Int8Linear
 
-#: Format name -> layer class.
-FORMATS: dict[str, type[QuantLinear]] = {
-    "int8": Int8Linear,
-    "int4": Int4Linear,
-    "fp8": Fp8Linear,
-}
 #: ``EngineConfig.quantization`` values that quantize a float checkpoint's decoder projections
 #: as they load (round-to-nearest, no calibration) -> (layer class, asymmetric).
 AT_LOAD_FORMATS: dict[str, tuple[type[QuantLinear], bool]] = {
@@ -34,5 +28,5 @@ def model_weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-__all__ = ["AT_LOAD_FORMATS", "FORMATS", "Fp8Linear", "Int4Linear", "Int8Linear",
+__all__ = ["AT_LOAD_FORMATS", "Fp8Linear", "Int4Linear", "Int8Linear",
            "QuantLinear", "model_weight_bytes"]

@@ -137,10 +137,6 @@ class QuantLinear(nn.Module, ABC):
         return self.load_rows(self.quantize_rows(weight.float(), self.group_size,
                                                  self.asymmetric), row0)
 
-    def weight_bytes(self) -> int:
-        """Bytes of codes, scales, zero points and bias."""
-        return sum(t.numel() * t.element_size() for t in (*self.buffers(), *self.parameters()))
-
     def kernel_supported(self) -> bool:
         """Whether the CUDA kernels take this shape (else the torch path runs, also on CUDA)."""
         return (self.in_features % self.chunk == 0 and self.group_size % self.chunk == 0)

@@ -21,7 +21,6 @@ Anything else that declares a ``quantization_config`` fails with one sentence.
 """
 
 from dataclasses import dataclass
-import json
 from pathlib import Path
 import re
 
@@ -258,20 +257,17 @@ def _fp8(model_dir: Path, qc: dict, keys: list[str]) -> dict[str, LayerQuant]:
     return plan
 
 
-def plan_quantization(model_dir: Path, keys: list[str], linears: dict[str, str],
+def plan_quantization(model_dir: Path, qc, keys: list[str], linears: dict[str, str],
                       quantization: str = "none") -> QuantPlan | None:
     """Decide which checkpoint layers load quantized, and how.
 
-    ``keys``: every checkpoint tensor name; ``linears``: checkpoint module name -> our module
-    name, for each of the checkpoint's layers that is an ``nn.Linear`` in our model (the
-    checkpoint names are what the config's targets and ignore list use). Returns None for a
-    plain float model.
+    ``qc``: the config's ``quantization_config`` (``Qwen3VLConfig.quantization_config``, None
+    for a float checkpoint); ``keys``: every checkpoint tensor name; ``linears``: checkpoint
+    module name -> our module name, for each of the checkpoint's layers that is an
+    ``nn.Linear`` in our model (the checkpoint names are what the config's targets and ignore
+    list use); ``model_dir`` names the checkpoint in errors. Returns None for a plain float
+    model.
     """
-    try:
-        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{model_dir / 'config.json'}: cannot parse ({e})") from None
-    qc = raw.get("quantization_config")
     if qc is not None:
         method = qc.get("quant_method") if isinstance(qc, dict) else None
         if quantization != "none":

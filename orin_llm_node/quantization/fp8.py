@@ -11,7 +11,7 @@ projections whose sizes are not multiples of 128 still concatenate.
 
 import torch
 
-from .base import QuantLinear, grouped
+from .base import QuantLinear, expand_groups, grouped
 
 __all__ = ["BLOCK", "E4M3_MAX", "Fp8Linear", "block_scales_to_rows"]
 
@@ -44,10 +44,6 @@ class Fp8Linear(QuantLinear):
         """The codes as fp32 ``[out, in]``."""
         return self.qweight.view(torch.float8_e4m3fn).float()
 
-    def kernel_supported(self) -> bool:
-        """Any multiple of 16 input columns (group_size is min(128, in))."""
-        return self.in_features % self.chunk == 0
-
     @classmethod
     def quantize_rows(cls, weight, group_size, asymmetric):
         """Round-to-nearest codes and scales of ``weight [rows, in]``."""
@@ -56,6 +52,6 @@ class Fp8Linear(QuantLinear):
         amax = grouped(blocks.t(), BLOCK).amax(-1)  # [ceil(rows / 128), ceil(in / 128)]
         block_scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
         scale = block_scales_to_rows(block_scale, rows)
-        full = scale.repeat_interleave(BLOCK, dim=1)[:, :cols]
+        full = expand_groups(scale, BLOCK, cols)
         codes = (weight / full).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
         return {"qweight": codes.view(torch.uint8), "scale": scale}
