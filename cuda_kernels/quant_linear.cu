@@ -39,6 +39,7 @@
 struct Int8Codes {
   static constexpr int CHUNK = 16;
   static constexpr int BITS = 8;
+  static constexpr float ZERO = 0.f;  // zero point when the layer stores none
   __device__ __forceinline__ static void decode(uint4 r, float (&c)[CHUNK]) {
     const unsigned int w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
@@ -49,6 +50,7 @@ struct Int8Codes {
 struct Int4Codes {
   static constexpr int CHUNK = 32;
   static constexpr int BITS = 4;
+  static constexpr float ZERO = 8.f;  // unsigned nibbles: symmetric int4 is centred on 8
   __device__ __forceinline__ static void decode(uint4 r, float (&c)[CHUNK]) {
     const unsigned int w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
@@ -59,6 +61,7 @@ struct Int4Codes {
 struct Fp8Codes {
   static constexpr int CHUNK = 16;
   static constexpr int BITS = 8;
+  static constexpr float ZERO = 0.f;
   __device__ __forceinline__ static void decode(uint4 r, float (&c)[CHUNK]) {
     const unsigned int w[4] = {r.x, r.y, r.z, r.w};
     const float two_pow_120 = __uint_as_float(0x7b800000u);
@@ -75,9 +78,9 @@ __device__ __forceinline__ void gemv(scalar_t* __restrict__ out, const scalar_t*
                                      const unsigned char* __restrict__ codes,
                                      const float* __restrict__ scale,
                                      const unsigned char* __restrict__ zeros,
-                                     const scalar_t* __restrict__ bias, float zero_default,
-                                     int n_out, int k, int groups, int group_size,
-                                     long long x_stride, long long out_stride) {
+                                     const scalar_t* __restrict__ bias, int n_out, int k,
+                                     int groups, int group_size, long long x_stride,
+                                     long long out_stride) {
   constexpr int CHUNK = Codes::CHUNK;
   const int lane = threadIdx.x % WARP_SIZE;
   const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x / WARP_SIZE);
@@ -91,7 +94,7 @@ __device__ __forceinline__ void gemv(scalar_t* __restrict__ out, const scalar_t*
     float q[CHUNK];
     Codes::decode(*reinterpret_cast<const uint4*>(wr + (long long)c0 * Codes::BITS / 8), q);
     const int g = c0 / group_size;
-    const float z = zr ? (float)zr[g] : zero_default;
+    const float z = zr ? (float)zr[g] : Codes::ZERO;
     float dot = 0.f;
 #pragma unroll
     for (int j = 0; j < CHUNK; j += VEC) {
@@ -113,9 +116,8 @@ template <class Codes>
 __device__ __forceinline__ void dequant(scalar_t* __restrict__ out,
                                         const unsigned char* __restrict__ codes,
                                         const float* __restrict__ scale,
-                                        const unsigned char* __restrict__ zeros,
-                                        float zero_default, int n_out, int k, int groups,
-                                        int group_size) {
+                                        const unsigned char* __restrict__ zeros, int n_out,
+                                        int k, int groups, int group_size) {
   constexpr int CHUNK = Codes::CHUNK;
   const long long per_row = k / CHUNK;
   const long long i = (long long)blockIdx.x * GEMV_THREADS + threadIdx.x;
@@ -125,25 +127,27 @@ __device__ __forceinline__ void dequant(scalar_t* __restrict__ out,
   float q[CHUNK];
   Codes::decode(*reinterpret_cast<const uint4*>(codes + (n * k + c0) * Codes::BITS / 8), q);
   const int g = c0 / group_size;
-  const float z = zeros ? (float)zeros[n * groups + g] : zero_default;
+  const float z = zeros ? (float)zeros[n * groups + g] : Codes::ZERO;
   const float s = scale[n * groups + g];
 #pragma unroll
   for (int j = 0; j < CHUNK; ++j) out[n * k + c0 + j] = from_float((q[j] - z) * s);
 }
 
+// One spelled-out entry point per format and op (no macro): test/kernel_emulator.py parses
+// these extern "C" signatures from the source text.
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
 quant_gemv_int8(scalar_t* out, const scalar_t* x, const unsigned char* codes,
                 const float* scale, const unsigned char* zeros, const scalar_t* bias,
                 int n_out, int k, int groups, int group_size, long long x_stride,
                 long long out_stride) {
-  gemv<Int8Codes>(out, x, codes, scale, zeros, bias, 0.f, n_out, k, groups, group_size,
-                  x_stride, out_stride);
+  gemv<Int8Codes>(out, x, codes, scale, zeros, bias, n_out, k, groups, group_size, x_stride,
+                  out_stride);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
 quant_dequant_int8(scalar_t* out, const unsigned char* codes, const float* scale,
                    const unsigned char* zeros, int n_out, int k, int groups, int group_size) {
-  dequant<Int8Codes>(out, codes, scale, zeros, 0.f, n_out, k, groups, group_size);
+  dequant<Int8Codes>(out, codes, scale, zeros, n_out, k, groups, group_size);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
@@ -151,14 +155,14 @@ quant_gemv_int4(scalar_t* out, const scalar_t* x, const unsigned char* codes,
                 const float* scale, const unsigned char* zeros, const scalar_t* bias,
                 int n_out, int k, int groups, int group_size, long long x_stride,
                 long long out_stride) {
-  gemv<Int4Codes>(out, x, codes, scale, zeros, bias, 8.f, n_out, k, groups, group_size,
-                  x_stride, out_stride);
+  gemv<Int4Codes>(out, x, codes, scale, zeros, bias, n_out, k, groups, group_size, x_stride,
+                  out_stride);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
 quant_dequant_int4(scalar_t* out, const unsigned char* codes, const float* scale,
                    const unsigned char* zeros, int n_out, int k, int groups, int group_size) {
-  dequant<Int4Codes>(out, codes, scale, zeros, 8.f, n_out, k, groups, group_size);
+  dequant<Int4Codes>(out, codes, scale, zeros, n_out, k, groups, group_size);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
@@ -166,12 +170,12 @@ quant_gemv_fp8(scalar_t* out, const scalar_t* x, const unsigned char* codes,
                const float* scale, const unsigned char* zeros, const scalar_t* bias,
                int n_out, int k, int groups, int group_size, long long x_stride,
                long long out_stride) {
-  gemv<Fp8Codes>(out, x, codes, scale, zeros, bias, 0.f, n_out, k, groups, group_size,
-                 x_stride, out_stride);
+  gemv<Fp8Codes>(out, x, codes, scale, zeros, bias, n_out, k, groups, group_size, x_stride,
+                 out_stride);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
 quant_dequant_fp8(scalar_t* out, const unsigned char* codes, const float* scale,
                   const unsigned char* zeros, int n_out, int k, int groups, int group_size) {
-  dequant<Fp8Codes>(out, codes, scale, zeros, 0.f, n_out, k, groups, group_size);
+  dequant<Fp8Codes>(out, codes, scale, zeros, n_out, k, groups, group_size);
 }

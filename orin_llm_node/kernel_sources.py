@@ -150,7 +150,7 @@ def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None)
     )
 
 
-def quant_variant(dtype: str, directory: Path | None = None) -> KernelVariant:
+def quant_variant(dtype: str) -> KernelVariant:
     """Source and NVRTC options of the quantized-linear kernels for activations ``dtype``."""
     if dtype not in DTYPE_IDS:
         raise ValueError(f"CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}")
@@ -159,18 +159,18 @@ def quant_variant(dtype: str, directory: Path | None = None) -> KernelVariant:
         file=file,
         dtype=dtype,
         head_dim=0,
-        source=kernel_source(file, directory),
+        source=kernel_source(file),
         options=("-std=c++17", f"-DKV_DTYPE_ID={DTYPE_IDS[dtype]}",
                  f"-DGEMV_WARPS={GEMV_WARPS}"),
         functions=functions,
     )
 
 
-def runtime_variants(directory: Path | None = None) -> list[KernelVariant]:
+def runtime_variants() -> list[KernelVariant]:
     """Every variant the runtime may compile (what the NVRTC test must compile)."""
     return [
-        variant(file, dtype, head_dim, directory)
+        variant(file, dtype, head_dim)
         for file in KERNEL_FILES
         for dtype in DTYPE_IDS
         for head_dim in HEAD_DIMS
-    ] + [quant_variant(dtype, directory) for dtype in DTYPE_IDS]
+    ] + [quant_variant(dtype) for dtype in DTYPE_IDS]

@@ -15,14 +15,13 @@ Skips without CUDA or CuPy.
 
 import copy
 
+from _kernel_testing import skip_without_cuda_kernels
 import numpy as np
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-pytest.importorskip("cupy", reason="needs CuPy (cupy-cuda12x / cupy-cuda13x)")
+skip_without_cuda_kernels()
 
 from _engine_reference import Reference, random_image  # noqa: E402
 

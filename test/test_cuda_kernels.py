@@ -17,14 +17,13 @@ CuPy.
 
 import random
 
+from _kernel_testing import ATOL, DTYPES, skip_without_cuda_kernels
 import numpy as np
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-pytest.importorskip("cupy", reason="needs CuPy (cupy-cuda12x / cupy-cuda13x)")
+skip_without_cuda_kernels()
 
 from orin_llm_node import kernel_sources as ks  # noqa: E402
 from orin_llm_node.attention.cuda_backend import CudaPagedAttention  # noqa: E402
@@ -36,9 +35,6 @@ from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm  # noqa: E402
 from orin_llm_node.layers.rotary_embedding import MRotaryEmbedding  # noqa: E402
 
 DEV = torch.device("cuda")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Kernels accumulate in fp32 and round once to the output dtype.
-_ATOL = {"float32": 2e-5, "bfloat16": 1.6e-2, "float16": 2e-3}
 CONTEXTS = [1, 15, 16, 17, 255, 256, 257, 1000, 3001]
 
 
@@ -54,7 +50,7 @@ def make_backend(dtype, head_dim, hq, hkv, num_blocks=256, block_size=16, max_mo
                  layers=2, seed=0, num_sms=None):
     gen = torch.Generator(device=DEV).manual_seed(seed)
     kv = torch.randn(layers, 2, num_blocks, block_size, hkv, head_dim, generator=gen, device=DEV)
-    attn = CudaPagedAttention(kv.to(_DTYPES[dtype]), hq, max_model_len, num_sms=num_sms)
+    attn = CudaPagedAttention(kv.to(DTYPES[dtype]), hq, max_model_len, num_sms=num_sms)
     attn.warmup()
     return attn, gen
 
@@ -86,7 +82,7 @@ def random_decode_step(attn, gen, table, context):
 @pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 8), (32, 8), (20, 2)],
                          ids=["mha", "gqa2", "gqa4", "gqa10"])
 @pytest.mark.parametrize("head_dim", ks.HEAD_DIMS)
-@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
 def test_decode_matches_reference(dtype, head_dim, hq, hkv, max_model_len):
     contexts = CONTEXTS if max_model_len >= 4096 else [c for c in CONTEXTS if c <= 1000]
     attn, gen = make_backend(dtype, head_dim, hq, hkv, max_model_len=max_model_len)
@@ -99,7 +95,7 @@ def test_decode_matches_reference(dtype, head_dim, hq, hkv, max_model_len):
         assert torch.equal(layer[0].reshape(-1, hkv, head_dim)[slot], k)
         assert torch.equal(layer[1].reshape(-1, hkv, head_dim)[slot], v)
         err = (out.double() - reference_decode(layer, q, table, context, 16)).abs().max()
-        assert err.item() <= _ATOL[dtype], f"context {context}: max |err| {err.item()}"
+        assert err.item() <= ATOL[dtype], f"context {context}: max |err| {err.item()}"
 
 
 def test_context_longer_than_the_split_grid():
@@ -114,10 +110,10 @@ def test_context_longer_than_the_split_grid():
         assert (out.double() - ref).abs().max().item() <= 2e-3
 
 
-@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("rows,cols", [(1, 2048), (1, 4096), (7, 2560), (300, 128)])
 def test_fused_norms_and_silu_match_torch(dtype, rows, cols):
-    torch_dtype = _DTYPES[dtype]
+    torch_dtype = DTYPES[dtype]
     ops = FusedOps(torch_dtype, 128, DEV)
     gen = torch.Generator(device=DEV).manual_seed(cols)
     x = (3 * torch.randn(rows, cols, generator=gen, device=DEV)).to(torch_dtype)
@@ -138,7 +134,7 @@ def test_fused_norms_and_silu_match_torch(dtype, rows, cols):
 
 @torch.no_grad()
 @pytest.mark.parametrize("n", [1, 300])
-@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
 def test_fused_qk_norm_rope_kv_write_matches_torch(dtype, n):
     """attend_qkv (one fused kernel, then attention) vs the torch body, decode and prefill."""
     attn, gen = make_backend(dtype, 128, 16, 8)
@@ -162,7 +158,7 @@ def test_fused_qk_norm_rope_kv_write_matches_torch(dtype, n):
     for backend in (attn, ref):
         backend.prepare(slots, table, num_prefix, n)
         outs.append(backend.attend_qkv(0, q, k, v, *norms, cos, sin))
-    tol = 2 * _ATOL[dtype]
+    tol = 2 * ATOL[dtype]
     assert (outs[0].double() - outs[1].double()).abs().max().item() <= tol
     assert (attn.kv_cache.double() - ref.kv_cache.double()).abs().max().item() <= tol * 8
 
@@ -190,7 +186,7 @@ def test_kv_write_strided_and_skipped():
     assert torch.equal(attn.kv_cache, want)
 
 
-@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
 def test_backend_matches_torch_backend_prefill_then_decode(dtype):
     attn, gen = make_backend(dtype, 128, 16, 8)
     ref = TorchPagedAttention(attn.kv_cache.clone())
@@ -206,7 +202,7 @@ def test_backend_matches_torch_backend_prefill_then_decode(dtype):
         for backend in (attn, ref):
             backend.prepare(slots, table, context, n)
             outs.append(backend.attend(0, q, k, v))
-        tol = 2 * _ATOL[dtype]  # decode / paged prefill kernels vs gather + SDPA
+        tol = 2 * ATOL[dtype]  # decode / paged prefill kernels vs gather + SDPA
         assert (outs[0].double() - outs[1].double()).abs().max().item() <= tol
         context += n
     assert torch.equal(attn.kv_cache, ref.kv_cache)
@@ -261,7 +257,7 @@ def reference_prefill(kv_layer, q, table, num_prefix, num_new):
     return torch.einsum("nht,thd->nhd", s.softmax(-1), v)
 
 
-@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("head_dim,hq,hkv", [(128, 16, 8), (128, 32, 8), (64, 8, 2),
                                              (32, 4, 2)])
 def test_prefill_kernel_matches_reference(dtype, head_dim, hq, hkv):
@@ -276,7 +272,7 @@ def test_prefill_kernel_matches_reference(dtype, head_dim, hq, hkv):
         out = attn.attend(1, q, k, v)
         ref = reference_prefill(attn.kv_cache[1], q, table, num_prefix, n)
         err = (out.double() - ref).abs().max().item()
-        assert err <= _ATOL[dtype], (num_prefix, n, err)
+        assert err <= ATOL[dtype], (num_prefix, n, err)
 
 
 def test_padded_prefill_graph_replays_new_lengths():

@@ -14,6 +14,7 @@ boundaries without a GPU. The GPU itself is covered by test_cuda_kernels.py.
 import contextlib
 import random
 
+from _kernel_testing import ATOL, DTYPES
 import kernel_emulator
 from kernel_emulator import CountingLaunch
 import numpy as np
@@ -33,16 +34,13 @@ pytestmark = pytest.mark.skipif(
     not kernel_emulator.compiler_available(), reason="g++ is needed to build the emulator"
 )
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Output tolerance: the kernels accumulate in fp32 and round the result to the dtype once.
-_ATOL = {"float32": 2e-5, "bfloat16": 1.6e-2, "float16": 2e-3}
 
 
 def _backend(dtype, head_dim, hq, hkv, num_blocks=64, block_size=16, max_model_len=512,
              layers=2, seed=0, num_sms=16):
     gen = torch.Generator().manual_seed(seed)
     kv = torch.randn(layers, 2, num_blocks, block_size, hkv, head_dim, generator=gen)
-    kv = kv.to(_DTYPES[dtype])
+    kv = kv.to(DTYPES[dtype])
     attn = CudaPagedAttention(kv, hq, max_model_len, num_sms=num_sms,
                               launch=kernel_emulator.emulated_launch(dtype, head_dim))
     attn.warmup()
@@ -88,9 +86,9 @@ def test_decode_matches_reference(dtype, head_dim, hq, hkv, num_sms, max_model_l
     table = torch.randperm(num_blocks, generator=gen)
     layer = 1
     for context in (1, 17, 37, 300):
-        q = torch.randn(1, hq, head_dim, generator=gen).to(_DTYPES[dtype])
-        new_k = torch.randn(1, hkv, head_dim, generator=gen).to(_DTYPES[dtype])
-        new_v = torch.randn(1, hkv, head_dim, generator=gen).to(_DTYPES[dtype])
+        q = torch.randn(1, hq, head_dim, generator=gen).to(DTYPES[dtype])
+        new_k = torch.randn(1, hkv, head_dim, generator=gen).to(DTYPES[dtype])
+        new_v = torch.randn(1, hkv, head_dim, generator=gen).to(DTYPES[dtype])
         last = context - 1
         slot = table[last // block_size] * block_size + last % block_size
         attn.prepare(slot.reshape(1), table, last, 1)
@@ -101,8 +99,8 @@ def test_decode_matches_reference(dtype, head_dim, hq, hkv, num_sms, max_model_l
             "kv_write did not land at the slot mapping"
         ref = _reference_decode(kv_layer, q, table[None], torch.tensor([context]), block_size)
         err = (out.double() - ref).abs().max().item()
-        assert out.dtype == _DTYPES[dtype] and out.shape == (1, hq, head_dim)
-        assert err <= _ATOL[dtype], f"context {context}: max |err| {err}"
+        assert out.dtype == DTYPES[dtype] and out.shape == (1, hq, head_dim)
+        assert err <= ATOL[dtype], f"context {context}: max |err| {err}"
 
 
 def test_split_count_follows_the_grid_and_the_sm_count():
@@ -170,7 +168,7 @@ def _close(got, want, dtype, what):
 @pytest.mark.parametrize("rows,cols", [(1, 64), (5, 2048), (3, 96)])
 def test_fused_norms_and_silu_match_the_torch_bodies(dtype, rows, cols):
     """rms_norm, add_rms_norm (residual updated in place) and silu_and_mul vs layers/."""
-    torch_dtype = _DTYPES[dtype]
+    torch_dtype = DTYPES[dtype]
     gen = torch.Generator().manual_seed(rows * cols)
     ops = FusedOps(torch_dtype, 32, torch.device("cpu"),
                    launch=CountingLaunch(kernel_emulator.emulated_launch(dtype, 32)))
@@ -216,7 +214,7 @@ def test_fused_qk_norm_rope_kv_write_matches_the_torch_path(dtype, head_dim, hq,
     positions (t, h, w all different); the K/V written to the cache and the attention output
     must match the torch backend within one rounding step.
     """
-    torch_dtype = _DTYPES[dtype]
+    torch_dtype = DTYPES[dtype]
     attn, gen = _backend(dtype, head_dim, hq, hkv)
     ref = TorchPagedAttention(attn.kv_cache.clone())
     rope = MRotaryEmbedding(head_dim, 10000.0, [head_dim // 6, head_dim // 6 - 1,

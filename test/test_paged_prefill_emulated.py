@@ -12,6 +12,7 @@ test_cuda_kernels.py.
 
 import random
 
+from _kernel_testing import ATOL, DTYPES
 import kernel_emulator
 import pytest
 import torch
@@ -24,15 +25,12 @@ pytestmark = pytest.mark.skipif(
     not kernel_emulator.compiler_available(), reason="g++ is needed to build the emulator"
 )
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# The kernel accumulates in fp32 and rounds the output to the dtype once.
-_ATOL = {"float32": 2e-5, "bfloat16": 1.6e-2, "float16": 2e-3}
 
 
 def _kernels(dtype, head_dim, hq, hkv, num_blocks=32, block_size=16, seed=0):
     gen = torch.Generator().manual_seed(seed)
     kv = torch.randn(2, 2, num_blocks, block_size, hkv, head_dim, generator=gen)
-    attn = CudaPagedAttention(kv.to(_DTYPES[dtype]), hq, 512,
+    attn = CudaPagedAttention(kv.to(DTYPES[dtype]), hq, 512,
                               launch=kernel_emulator.emulated_launch(dtype, head_dim))
     attn.warmup()
     return attn, gen
@@ -71,7 +69,7 @@ def test_prefill_matches_reference(dtype, head_dim, hq, hkv, num_prefix, num_new
     slots = torch.cat([table[t // block_size] * block_size + t % block_size,
                        torch.full((pad,), -1)])
     rows = num_new + pad
-    q, k, v = (torch.randn(rows, h, head_dim, generator=gen).to(_DTYPES[dtype])
+    q, k, v = (torch.randn(rows, h, head_dim, generator=gen).to(DTYPES[dtype])
                for h in (hq, hkv, hkv))
     before = attn.kv_cache.clone()
     attn.prepare(slots, table, num_prefix, num_new)
@@ -83,9 +81,9 @@ def test_prefill_matches_reference(dtype, head_dim, hq, hkv, num_prefix, num_new
     flat[1, slots[:num_new]] = v[:num_new]
     assert torch.equal(attn.kv_cache, expect_kv), "padding rows must not write KV"
     ref = _reference(attn.kv_cache[1], q, table, num_prefix, num_new, block_size)
-    assert out.shape == (rows, hq, head_dim) and out.dtype == _DTYPES[dtype]
+    assert out.shape == (rows, hq, head_dim) and out.dtype == DTYPES[dtype]
     err = (out[:num_new].double() - ref).abs().max().item()
-    assert err <= _ATOL[dtype], f"max |err| {err}"
+    assert err <= ATOL[dtype], f"max |err| {err}"
     assert not out[num_new:].any(), "padding rows must come out as zeros"
 
 

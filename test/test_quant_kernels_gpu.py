@@ -10,20 +10,18 @@ tiny model through the engine with graphs equal to eager decode, token for token
 
 import contextlib
 
+from _kernel_testing import DTYPES, skip_without_cuda_kernels
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-pytest.importorskip("cupy", reason="needs CuPy (cupy-cuda12x / cupy-cuda13x)")
+skip_without_cuda_kernels()
 
 from orin_llm_node.cuda_ops import GEMV_MAX_ROWS, FusedOps  # noqa: E402
 from orin_llm_node.layers import dispatch  # noqa: E402
 from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear  # noqa: E402
 
 DEV = torch.device("cuda")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _RTOL = {"float32": 1e-5, "bfloat16": 8e-3, "float16": 1e-3}
 LAYERS = {"int8": (Int8Linear, False), "int4": (Int4Linear, False),
           "int4_asym": (Int4Linear, True), "fp8": (Fp8Linear, False)}
@@ -43,7 +41,7 @@ def _kernels_installed():
     """The layers dispatch to the CuPy kernels as they do once a CUDA model runner exists."""
     device = torch.device("cuda", torch.cuda.current_device())  # what tensors report
     with contextlib.ExitStack() as stack:
-        for dtype in _DTYPES.values():
+        for dtype in DTYPES.values():
             stack.enter_context(dispatch.installed(device, dtype, FusedOps(dtype, 128, device)))
         yield
 
@@ -56,13 +54,13 @@ def _layer(fmt, k, n):
     return layer, gen
 
 
-@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("k,n", SHAPES)
 @pytest.mark.parametrize("fmt", list(LAYERS))
 def test_gemv_and_prefill(fmt, k, n, dtype):
     layer, gen = _layer(fmt, k, n)
     for rows in (1, GEMV_MAX_ROWS, 37):
-        x = torch.randn(rows, k, device=DEV, generator=gen).to(_DTYPES[dtype])
+        x = torch.randn(rows, k, device=DEV, generator=gen).to(DTYPES[dtype])
         got = layer(x)
         if rows <= GEMV_MAX_ROWS:
             want = x.double() @ layer.dequantize(torch.float64).t()

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from orin_llm_node.layers import apply_rope
+
 from .config import VisionConfig
 
 __all__ = [
@@ -94,20 +96,12 @@ def rotary_positions(grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
     return torch.stack([row, col], dim=-1)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """NeoX rotation: ``(x1, x2) -> (-x2, x1)``."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rope_vision(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q/k ``[P, H, D]`` in fp32 (the reference does, whatever the model dtype)."""
-    cos, sin = cos[:, None].float(), sin[:, None].float()
-    qf, kf = q.float(), k.float()
-    q_out = qf * cos + rotate_half(qf) * sin
-    k_out = kf * cos + rotate_half(kf) * sin
-    return q_out.to(q.dtype), k_out.to(k.dtype)
+    cos, sin = cos.float(), sin.float()
+    return (apply_rope(q.float(), cos, sin).to(q.dtype),
+            apply_rope(k.float(), cos, sin).to(k.dtype))
 
 
 class PatchEmbed(nn.Module):
