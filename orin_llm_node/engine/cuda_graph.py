@@ -101,7 +101,9 @@ class CudaGraphDecode:
         eager, _ = self.runner._decode_graph_body()  # warm-up on this thread, not captured
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph, (logits, token) = capture_graph(self.runner._decode_graph_body, self._pool)
+        # The body is looked up inside the capture, as prefill_graph does with its lambda.
+        graph, (logits, token) = capture_graph(lambda: self.runner._decode_graph_body(),
+                                               self._pool)
         graph.replay()
         if not torch.equal(logits, eager):
             log.warning(
