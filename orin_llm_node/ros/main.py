@@ -56,6 +56,11 @@ def main(args=None):
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
+        # From here a further signal changes nothing. Ignored, not left to our handler: at
+        # interpreter exit Python puts the default action back on signals it handles, and a
+        # second Ctrl-C during the DDS teardown that follows would end us with -SIGINT.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         code = code or (node.exit_code if node is not None else 0)
         # Teardown is bounded: a worker stuck in one long call (e.g. still loading weights) or
         # a middleware teardown that blocks must not keep the process alive after a signal.
