@@ -3,11 +3,14 @@
 """LLMEngine: conversations, ``chat`` / ``chat_stream``, ``cancel``, ``reset``, ``stats``.
 
 Single-threaded: one generation at a time, run by the caller's thread. ``cancel()`` is the one
-call another thread may make (a flag checked before every step).
+call another thread may make (a flag checked before every step); ``check_system_prompt()``
+reads nothing that a turn changes. Any other call made while one runs (on another thread, or
+while a ``chat_stream`` generator is left open) raises ``RuntimeError`` (``thread_guard``).
 """
 
 from dataclasses import asdict, dataclass
 import logging
+import math
 import threading
 import time
 import weakref
@@ -27,6 +30,7 @@ from .finish_reason import FinishReason
 from .kv_manager import KVBlocks, KVCacheManager, PoolStats
 from .model_runner import ModelRunner, plan_num_blocks
 from .sampler import Sampler
+from .thread_guard import SingleThreadGuard
 from .vision_cache import VisionCache
 
 __all__ = ["ChatResult", "EngineStats", "LLMEngine", "StreamEvent"]
@@ -109,6 +113,7 @@ class LLMEngine:
         self._banned = {mcfg.image_token_id, mcfg.video_token_id,
                         mcfg.vision_start_token_id, mcfg.vision_end_token_id}
         self._cancel = threading.Event()
+        self._guard = SingleThreadGuard()
         # Every live conversation (for reset()); a weak map, so dropping one frees it.
         self._conversations: weakref.WeakValueDictionary[int, Conversation] = (
             weakref.WeakValueDictionary())
@@ -142,11 +147,46 @@ class LLMEngine:
         return self._weight_bytes
 
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
-        """Start a conversation; the system prompt's blocks are shared through the cache."""
-        conv = Conversation(self.prompts.system_piece(system_prompt), KVBlocks())
-        self.kv.track(conv)
-        self._conversations[conv.id] = conv
-        return conv
+        """Start a conversation; the system prompt's blocks are shared through the cache.
+
+        ``ValueError`` (see ``check_system_prompt``) for a system prompt no turn could follow.
+        """
+        with self._guard.hold("new_conversation"):
+            conv = Conversation(self._system_piece(system_prompt), KVBlocks())
+            self.kv.track(conv)
+            self._conversations[conv.id] = conv
+            return conv
+
+    def check_system_prompt(self, system_prompt: str | None) -> None:
+        """Raise ``ValueError`` saying why ``system_prompt`` cannot lead a usable conversation.
+
+        Refused: text that is not a str or not valid Unicode, text the chat template cannot
+        render as it is, and a prompt that leaves no room, within ``max_model_len`` or the KV
+        pool, for the shortest user turn and one answer token. Control-token strings in it are
+        not refused: they are tokenized as text. Any thread may call it (it reads only the
+        template, the tokenizer and the configuration), e.g. to check a new value while a
+        turn runs.
+        """
+        self._system_piece(system_prompt)
+
+    def _system_piece(self, system_prompt):
+        if system_prompt is None:
+            return self.prompts.system_piece(None)
+        _check_text("system prompt", system_prompt)
+        piece = self.prompts.system_piece(system_prompt)
+        shortest = len(piece.token_ids) + len(
+            self.prompts.user_turn(piece.messages, "", []).token_ids)
+        if shortest >= self.config.max_model_len:
+            raise ValueError(
+                f"the system prompt takes {len(piece.token_ids)} tokens: with the shortest user "
+                f"turn that is {shortest} tokens, no room for an answer within max_model_len "
+                f"{self.config.max_model_len}")
+        blocks = math.ceil(shortest / self.config.block_size)
+        if blocks > self.pool.num_blocks:
+            raise ValueError(
+                f"the system prompt takes {len(piece.token_ids)} tokens: with the shortest user "
+                f"turn that needs {blocks} KV blocks, the pool has {self.pool.num_blocks}")
+        return piece
 
     def warmup(self, image_sizes=None) -> float:
         """Do at start-up what would otherwise stall the first prompts; returns the seconds.
@@ -158,8 +198,10 @@ class LLMEngine:
         captures the bucketed prefill graphs (CUDA only). Call it on the thread that will run
         the engine; nothing is added to the vision or prefix caches.
         """
-        if image_sizes is None:
-            image_sizes = COMMON_FRAME_SIZES
+        with self._guard.hold("warmup"):
+            return self._warmup(COMMON_FRAME_SIZES if image_sizes is None else image_sizes)
+
+    def _warmup(self, image_sizes) -> float:
         t0 = time.perf_counter()
         processor = self.prompts.image_processor
         # The grid follows from the size alone (no frame is built, resized or patched): the
@@ -186,13 +228,18 @@ class LLMEngine:
 
         The blocks go back to the pool tail first, so hashed ones stay reusable as cache.
         """
-        self.kv.collect()
-        for c in list(self._conversations.values()) if conv is None else [conv]:
-            self.kv.release(c)
-            c.reset()
+        with self._guard.hold("reset"):
+            self.kv.collect()
+            for c in list(self._conversations.values()) if conv is None else [conv]:
+                self.kv.release(c)
+                c.reset()
 
     def stats(self) -> EngineStats:
-        """Block pool counts, prefix-cache and exhaustion counters, vision-cache hits."""
+        """Block pool counts, prefix-cache and exhaustion counters, vision-cache hits.
+
+        Allowed between the steps of this thread's own ``chat_stream``.
+        """
+        self._guard.peek("stats")
         return EngineStats(**asdict(self.kv.stats()), vision_cache_hits=self.vision_cache.hits,
                            vision_cache_misses=self.vision_cache.misses)
 
@@ -208,22 +255,27 @@ class LLMEngine:
                     sampling: SamplingParams | None = None):
         """Like ``chat``, yielding ``StreamEvent``s with text deltas; the last carries the result.
 
-        Invalid input (text, images) raises ``ValueError`` before anything changes; running out
-        of context or KV blocks never raises: ``finish_reason`` says what happened.
+        Invalid input (text, images, sampling values) raises ``ValueError`` before anything
+        changes; running out of context or KV blocks never raises: ``finish_reason`` says what
+        happened. The generator holds the engine from its first step to its end (or ``close()``):
+        see the module docstring.
         """
+        with self._guard.hold("chat_stream"):
+            yield from self._chat_stream(conv, text, images, sampling)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _chat_stream(self, conv, text, images, sampling):
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"text is not valid Unicode: lone surrogate {text[exc.start]!r} "
-                             f"at index {exc.start}") from None
+        _check_text("text", text)
         if isinstance(images, np.ndarray):
             raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
                              "array (pass [image])")
+        # Built first: SamplingParams is a plain dataclass, a value changed after construction
+        # is checked here, before the turn opens.
+        sampler = Sampler(sampling, self.device, self._banned)
         turn = self.prompts.user_turn(conv.messages(), text, list(images or []))
         plan = self.kv.admit(conv, turn, sampling.max_tokens)
         if plan.refused:
@@ -231,12 +283,10 @@ class LLMEngine:
             return
         state = _TurnState(t0, conv.num_kv_tokens, plan.drop)
         try:
-            yield from self._generate(conv, sampling, state, turn.pixel_values)
+            yield from self._generate(conv, sampler, state, turn.pixel_values)
         finally:
             self._close_turn(conv, state)
         yield StreamEvent(state.tail, result=state.result)
-
-    # ---- internals -------------------------------------------------------------------------
 
     def _refused(self, conv, turn, plan) -> ChatResult:
         log.warning("prompt not run (%s): %s", plan.refused, plan.reason)
@@ -274,9 +324,8 @@ class LLMEngine:
             torch.cuda.synchronize(self.device)
         return parts[0], time.perf_counter() - t0
 
-    def _generate(self, conv: Conversation, sampling: SamplingParams, state: "_TurnState",
-                  pixels):
-        kv, runner = self.kv, self.runner
+    def _generate(self, conv: Conversation, sampler: Sampler, state: "_TurnState", pixels):
+        kv, runner, sampling = self.kv, self.runner, sampler.params
         prompt = list(conv.token_ids)
         spans = conv.image_spans()
         state.prompt_ids = prompt
@@ -290,7 +339,6 @@ class LLMEngine:
         logits = runner.prefill(prompt[state.cached:], positions[:, state.cached:],
                                 conv.block_table, state.cached, visual)
         kv.kv_written(conv, len(prompt))
-        sampler = Sampler(sampling, self.device, self._banned)
         detok = state.detok = IncrementalDetokenizer(self.tokenizer.decode)
         eos = set() if sampling.ignore_eos else set(self.tokenizer.eos_ids)
         gen = state.token_ids
@@ -351,6 +399,17 @@ class LLMEngine:
             vision_s=state.vision_s,
             dropped_turns=state.dropped,
         )
+
+
+def _check_text(what: str, text) -> None:
+    # ValueError unless ``text`` is a str that encodes to UTF-8 (no lone surrogates).
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid Unicode: lone surrogate {text[exc.start]!r} "
+                         f"at index {exc.start}") from None
 
 
 class _TurnState:

@@ -13,6 +13,7 @@ class Sampler:
     """Samples one token id from a 1-D logits row; one instance per request."""
 
     def __init__(self, params: SamplingParams, device: torch.device, banned_ids=()):
+        params.validate()  # a dataclass field may have changed since construction
         self.params = params
         # Multimodal placeholders are never valid output (they would corrupt the history).
         self.banned = torch.tensor(sorted(banned_ids), dtype=torch.long, device=device)
@@ -29,7 +30,10 @@ class Sampler:
             logits = logits.index_fill(0, self.banned, float("-inf"))
         if p.greedy:
             return int(torch.argmax(logits))
-        logits = logits.float() / p.temperature
+        # Shifted so the maximum is 0: no +inf or NaN for any temperature SamplingParams allows
+        # (config.MIN_TEMPERATURE); softmax and the filters below are shift-invariant.
+        logits = logits.float()
+        logits = (logits - logits.max()) / p.temperature
         if p.top_k and p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
