@@ -157,6 +157,7 @@ class Worker:
             return True
         try:
             engine = model_loading.load_engine(self.node.params, self.node.get_logger())
+            parameters.check_system_prompt(engine, self.node.runtime('system_prompt'))
         except Exception as exc:  # noqa: BLE001 - any load failure is one fatal line
             self.load_error = ' '.join(str(exc).split()) or type(exc).__name__
             return False
