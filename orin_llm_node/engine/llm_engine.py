@@ -55,9 +55,11 @@ class ChatResult:
     """The outcome of one turn.
 
     ``prompt_token_ids``: everything attended for this turn (history included, after any
-    dropped turns); ``prompt_images``: the images inside it, in order; ``token_ids``: the
-    generated ids (a stop token included); ``cached_tokens``: prompt tokens reused from the KV
-    cache; ``error``: why nothing was generated, when the prompt could not run.
+    dropped turns); ``prompt_images``: the images inside it, in order, as the model sees them
+    (resized; the reference image processor gives the same patches from them as from the
+    caller's frames); ``token_ids``: the generated ids (a stop token included);
+    ``cached_tokens``: prompt tokens reused from the KV cache; ``error``: why nothing was
+    generated, when the prompt could not run.
     """
 
     text: str
