@@ -370,3 +370,19 @@ def test_hit_ending_inside_any_of_several_images(tiny_ckpt, ref, which):
     assert res.prompt_token_ids[s:s + count] == [pad] * count
     assert_cold(ref, res, 10)
     eng.reset()
+
+
+def test_clip_longer_than_the_context_is_refused_not_raised(tiny_ckpt):
+    eng = make_engine(tiny_ckpt, max_model_len=200)
+    conv = eng.new_conversation(SYSTEM)
+    clip = moving_clip(51, 20, 128, 128)  # 10 groups of 16 pads, with their timestamps > 200
+    res = eng.chat(conv, "What happened?", videos=[clip],
+                   sampling=SamplingParams(max_tokens=4))
+    assert res.finish_reason == "context_full" and res.token_ids == [] and res.error
+    assert len(res.prompt_videos) == 1 and conv.num_turns == 0
+    with pytest.raises(ValueError, match="VideoClip"):
+        eng.chat(conv, "What happened?", videos=[np.stack(clip.frames)])
+    with pytest.raises(ValueError, match="bare clip"):
+        eng.chat(conv, "What happened?", videos=clip)
+    ok = eng.chat(conv, "Hello.", sampling=SamplingParams(max_tokens=2))
+    assert ok.finish_reason in ("stop", "length")
