@@ -110,7 +110,8 @@ class LLMEngine:
         self.prompts = PromptBuilder(
             ChatTemplate.from_pretrained(path), self.tokenizer, image_processor,
             mcfg.image_token_id, mcfg.vision.spatial_merge_size,
-            VideoProcessor.from_pretrained(path), mcfg.video_token_id,
+            VideoProcessor.from_pretrained(path).capped(config.video_max_pixels),
+            mcfg.video_token_id,
         )
         num_blocks = plan_num_blocks(config, mcfg.text, self.dtype, self.device)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
