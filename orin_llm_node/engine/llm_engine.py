@@ -236,10 +236,14 @@ class LLMEngine:
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
-        parts = list(text) if isinstance(text, (list, tuple)) else [text]
-        for part in parts:
-            if isinstance(part, str):
-                _check_text(part)
+        if isinstance(text, (list, tuple)):  # interleaved parts: text, images, clips
+            parts = list(text)
+            for part in parts:
+                if isinstance(part, str):
+                    _check_text("text", part)
+        else:
+            _check_text("text", text)
+            parts = [text]
         if isinstance(images, np.ndarray):
             raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
                              "array (pass [image])")
@@ -381,12 +385,14 @@ class LLMEngine:
         )
 
 
-def _check_text(text: str) -> None:
-    # ValueError unless ``text`` encodes to UTF-8 (no lone surrogates).
+def _check_text(what: str, text) -> None:
+    # ValueError unless ``text`` is a str that encodes to UTF-8 (no lone surrogates).
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a str, got {type(text).__name__}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"text is not valid Unicode: lone surrogate {text[exc.start]!r} "
+        raise ValueError(f"{what} is not valid Unicode: lone surrogate {text[exc.start]!r} "
                          f"at index {exc.start}") from None
 
 
