@@ -400,3 +400,14 @@ def test_video_max_pixels_caps_a_clip(tiny_ckpt, ref):
     assert VideoProcessor().capped(10**12).max_pixels == VideoProcessor().max_pixels
     with pytest.raises(ValueError, match="video_max_pixels"):
         EngineConfig(model_path=tiny_ckpt, video_max_pixels=0)
+
+
+def test_warmup_prepares_the_clip_grid(tiny_ckpt):
+    eng = make_engine(tiny_ckpt)
+    tower = eng.model.visual
+    eng.warmup(image_sizes=[], video_sizes=[(5, 72, 100)])  # 3 groups of 64x96
+    assert len(tower._grids) == 1
+    res = eng.chat(eng.new_conversation(), "Hi", videos=[moving_clip(71, 5, 72, 100)],
+                   sampling=SamplingParams(max_tokens=1))
+    assert res.finish_reason in ("stop", "length")
+    assert len(tower._grids) == 1, "the clip's grid was prepared by the warm-up"
