@@ -144,6 +144,9 @@ def kernel_launcher(dtype: torch.dtype, head_dim: int, device: torch.device):
         stream = streams.get(ptr)
         if stream is None:
             stream = streams[ptr] = external_stream(cupy, ptr, index)
+        if cupy.cuda.runtime.getDevice() == index:  # the usual case: no device switch
+            fns[name](grid, block, args, stream=stream)
+            return
         with gpu:
             fns[name](grid, block, args, stream=stream)
 
