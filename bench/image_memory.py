@@ -83,7 +83,7 @@ def bench_api(ckpt: Path, turns: int) -> dict:
         eng.chat(conv, f'What now, {turn}?', images=[f], sampling=greedy)
         del f
         curve.append(round(trimmed_rss_mb() - before, 1))
-    held = [img.rgb for _, img in conv.image_spans()]
+    held = [img.rgb for _, img in conv.media_spans()]
     return {
         'turns': turns, 'frame': '1920x1080', 'frame_mb': round(frame.nbytes / 2**20, 2),
         'images_held': len(held),

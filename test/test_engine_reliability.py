@@ -67,7 +67,7 @@ def test_forty_turns_of_1080p_frames_hold_model_size_images_only(tiny_ckpt):
         held = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
-    images = [img.rgb for _, img in conv.image_spans()]
+    images = [img.rgb for _, img in conv.media_spans()]
     assert len(images) == 40 and conv.num_turns == 41       # nothing was dropped
     assert all(im.shape == (h, w, 3) and im.dtype == np.uint8 for im in images)
     assert sum(im.nbytes for im in images) == 40 * model_size
