@@ -115,7 +115,8 @@ def test_declared_parameters_match(make_node):
         assert descriptor.read_only == (not spec.runtime), name
         assert declared[name].value == spec.default
     assert set(parameters.RUNTIME_PARAMETERS) == {
-        'max_new_tokens', 'temperature', 'top_p', 'top_k', 'seed', 'system_prompt'}
+        'max_new_tokens', 'temperature', 'top_p', 'top_k', 'seed', 'system_prompt',
+        'response_format'}
 
 
 @pytest.mark.ros
@@ -125,6 +126,8 @@ def test_declared_parameters_match(make_node):
     ('kv_cache_memory_mb', -1.0), ('diagnostics_period_s', 0.0), ('pool_warn_fraction', 1.5),
     ('image_max_age_s', 0.0), ('max_generation_s', -1.0), ('model_path', '/nonexistent/model'),
     ('kv_block_size', 0), ('seed', -2), ('temperature', 1),
+    ('response_format', 'json'), ('response_format', '[1]'),
+    ('response_format', '{"type": "yaml"}'), ('response_format', '{"type": "regex"}'),
 ])
 def test_bad_values_fail_with_one_line_naming_the_parameter(make_node, name, value):
     with pytest.raises(parameters.ParameterError) as err:

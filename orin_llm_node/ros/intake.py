@@ -53,6 +53,7 @@ class Request:
     image: PendingImage | None
     received_ns: int
     no_image: str = ''          # why no image is paired (said in response/info)
+    envelope: dict | None = None  # prompt/json: the checked keys (request_envelope.KEYS)
 
 
 class ImageIntake:
