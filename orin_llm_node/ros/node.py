@@ -23,7 +23,7 @@ from std_srvs.srv import Trigger
 from orin_llm_node.ros import parameters
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
 from orin_llm_node.ros.intake import ImageIntake, Request
-from orin_llm_node.ros.worker import Worker, preview
+from orin_llm_node.ros.worker import Worker, cameras_info, preview
 
 NODE_NAME = 'orin_llm'
 # Deep enough that DDS never drops a prompt while the executor is busy: every prompt reaches
@@ -156,14 +156,21 @@ class OrinLLMNode(LifecycleNode):
 
     # ---- prompts and services (executor) ---------------------------------------------------
 
-    def _refuse(self, request_id, text, reason):
+    def _refuse(self, request_id, text, reason, extra=None):
         """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered."""
         self.publish_error(f'request {request_id}: {reason}')
         self.publish_info({'request_id': request_id, 'prompt': text, 'text': None,
-                           'image': None, 'finish_reason': 'refused', 'error': reason})
+                           'image': None, **(extra or {}), 'finish_reason': 'refused',
+                           'error': reason})
 
     def _on_prompt(self, msg):
-        text = msg.data
+        self._enqueue(msg.data)
+
+    def _enqueue(self, text, video_s=None):
+        """Check a prompt, pair it with the cameras' frames (or clips) and queue it.
+
+        ``video_s``: seconds of video asked for (None: the ``video_window_s`` parameter).
+        """
         request_id = self._next_request_id
         self._next_request_id += 1
         if not text.strip():
@@ -177,12 +184,25 @@ class OrinLLMNode(LifecycleNode):
         if state != 'ready':
             self._refuse(request_id, text, f'node is {state}: activate it to take prompts')
             return
+        if video_s is None:
+            video_s = self.runtime('video_window_s')
+        if video_s > self.params['video_buffer_s']:
+            self._refuse(request_id, text, f'a clip of {video_s:g} s asked for, but each camera '
+                         f"keeps {self.params['video_buffer_s']:g} s (video_buffer_s)")
+            return
         now = self.get_clock().now().nanoseconds
-        image, no_image = self.intake.take(now, self.params['image_max_age_s'])
-        if no_image:
-            self.get_logger().info(f'{no_image}: the prompt is answered text-only')
+        views, synchronised = self.intake.take(now, self.params['image_max_age_s'], video_s)
+        request = Request(request_id, text, views, now, synchronised, video_s)
+        missing = '; '.join(f'{v.name}: {v.missing}' for v in views if v.missing)
+        if video_s > 0 and all(v.missing for v in views):
+            self._refuse(request_id, text, f'a clip of the last {video_s:g} s has zero frames '
+                         f'({missing})', cameras_info(request))
+            return
+        if missing:
+            self.get_logger().info(f'{missing}: the prompt is answered without '
+                                   + ('these cameras' if len(views) > 1 else 'an image'))
         capacity = self.params['queue_size']
-        dropped = self.worker.submit(Request(request_id, text, image, now, no_image), capacity)
+        dropped = self.worker.submit(request, capacity)
         self.info.update(queue_depth=self.worker.queue_depth())
         if dropped is not None:
             self.info.add(dropped_prompts=1)
@@ -256,7 +276,7 @@ class OrinLLMNode(LifecycleNode):
 
     def on_activate(self, state):
         """Open the image subscriptions and the services; ``ready`` turns true."""
-        self.intake.subscribe(self.params['image_qos'])
+        self.intake.subscribe(self.params['image_qos'], self.worker.frame_processor())
         self._open_services = [self.create_service(Trigger, 'reset', self._on_reset),
                                self.create_service(Trigger, 'cancel', self._on_cancel)]
         self.info.update(state='ready', detail='')

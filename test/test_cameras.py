@@ -1,0 +1,256 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""Two cameras and short video over real loopback DDS: a node process with ``image_topics``.
+
+The node (tiny checkpoint, ``conversation_mode: single``) has two cameras, ``front`` and
+``wrist``; this process plays both cameras with stamped frames and checks ``response/info``
+(which frame of which camera, in which order, the stamps' spread, the clip's span) and that
+every answer equals the same engine's answer in this process on the same content: each frame
+introduced by its camera's name, in the listed order.  Budget: ~1-2 min on 2 busy cores.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip('rclpy')
+
+from sensor_msgs.msg import Image  # noqa: E402
+from test_node import RELIABLE, START_TIMEOUT, SYSTEM, Probe, memory_mb, start_node, stop  # noqa: E402
+
+from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from orin_llm_node.ros.frame_ring import FrameSizer, resize_for_model  # noqa: E402
+from orin_llm_node.ros.intake import BLIND_AFTER_S  # noqa: E402
+
+pytestmark = pytest.mark.ros
+
+NS = '/cameras_test'
+CAMERAS = ('front', 'wrist')
+MAX_NEW = 6
+SYNC_S = 0.05
+MAX_AGE_S = 2.0
+VIDEO_FPS = 2.0
+BUFFER_S = 3.0
+MS = 1_000_000
+
+
+def scene(seed, h=96, w=128):
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), np.uint8)
+
+
+@pytest.fixture(scope='module')
+def reference(tiny_ckpt):
+    """The same engine in this process: the expected answers."""
+    return LLMEngine(EngineConfig(model_path=tiny_ckpt, device='cpu', image_max_pixels=307200))
+
+
+def expected(reference, parts, videos=None):
+    conv = reference.new_conversation(system_prompt=SYSTEM)
+    kwargs = {'videos': videos} if videos else {}
+    result = reference.chat(conv, parts, sampling=SamplingParams(max_tokens=MAX_NEW), **kwargs)
+    reference.reset(conv)
+    return result.text
+
+
+@pytest.fixture(scope='module')
+def node(tiny_ckpt, reference, tmp_path_factory):
+    proc = start_node(tiny_ckpt, NS, tmp_path_factory.mktemp('cameras'),
+                      f'image_topics:=[{", ".join(CAMERAS)}]', f'camera_sync_s:={SYNC_S}',
+                      f'image_max_age_s:={MAX_AGE_S}', f'video_fps:={VIDEO_FPS}',
+                      f'video_buffer_s:={BUFFER_S}', f'max_new_tokens:={MAX_NEW}',
+                      'conversation_mode:=single')
+    yield proc
+    stop(proc)
+
+
+class Cameras:
+    """The probe and one reliable Image publisher per camera."""
+
+    def __init__(self, probe):
+        self.probe = probe
+        self.pubs = {name: probe.node.create_publisher(Image, f'{NS}/{name}', RELIABLE)
+                     for name in CAMERAS}
+        self.sent = {}                  # frame_id -> (stamp_ns, rgb)
+
+    def now(self):
+        return self.probe.node.get_clock().now().nanoseconds
+
+    def publish(self, name, rgb, stamp_ns, frame_id):
+        msg = self.probe.image(rgb, stamp_ns=stamp_ns)
+        msg.header.frame_id = frame_id
+        self.sent[frame_id] = (stamp_ns, rgb)
+        self.pubs[name].publish(msg)
+
+    def stream(self, seconds, rate_hz, names=CAMERAS, offset_ms=10, frames=None):
+        """Publish every camera at ``rate_hz`` for ``seconds`` (camera i ``i*offset_ms`` late)."""
+        end, k = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            base = self.now()
+            for i, name in enumerate(names):
+                rgb = frames[name] if frames else scene(k * 10 + i)
+                self.publish(name, rgb, base + i * offset_ms * MS, f'{name}_{base}')
+            k += 1
+            self.probe.spin_for(1.0 / rate_hz)
+
+
+@pytest.fixture(scope='module')
+def cams(node):
+    p = Probe(NS)
+    try:
+        p.spin_until(lambda: p.ready or node.poll() is not None, START_TIMEOUT, 'ready')
+        assert node.poll() is None, 'node died:\n' + node.log_path.read_text()[-3000:]
+        c = Cameras(p)
+        p.spin_until(lambda: p.pub_prompt.get_subscription_count() > 0 and all(
+            pub.get_subscription_count() > 0 for pub in c.pubs.values()) and
+            p.generation()[0] is not None, 20.0, 'both cameras subscribed')
+        yield c
+    finally:
+        p.close()
+
+
+def by_name(info):
+    return {c['name']: c for c in info['cameras']}
+
+
+def test_two_cameras_are_paired_in_order_as_approximate_time_chooses(cams, reference):
+    probe = cams.probe
+    base = cams.now()
+    front, wrist, late = scene(1), scene(2), scene(3)
+    cams.publish('wrist', wrist, base, 'wrist_0')
+    probe.spin_for(0.2)
+    cams.publish('front', front, base + 20 * MS, 'front_0')     # within camera_sync_s: a set
+    probe.spin_for(0.2)
+    cams.publish('front', late, base + 300 * MS, 'front_1')     # newer, but no wrist near it
+    probe.spin_for(0.3)
+    info = probe.ask_info('What do the cameras see?')
+    assert [c['name'] for c in info['cameras']] == list(CAMERAS)
+    seen = by_name(info)
+    assert seen['front']['image']['frame_id'] == 'front_0', info
+    assert seen['wrist']['image']['frame_id'] == 'wrist_0', info
+    assert info['camera_sync'] == {'synchronised': True, 'spread_s': 0.02}, info
+    assert info['image']['frame_id'] == 'front_0', 'image: the first camera, as before'
+    assert info['finish_reason'] == 'stop' or info['finish_reason'] == 'length', info
+    assert info['text'] == expected(reference, ['front: ', front, '\n', 'wrist: ', wrist, '\n',
+                                                'What do the cameras see?'])
+
+
+def test_without_a_synchronised_set_the_newest_of_each_is_taken_and_said(cams, reference):
+    probe = cams.probe
+    probe.spin_for(MAX_AGE_S + 0.5)                 # the set above is stale now
+    base = cams.now()
+    front, wrist = scene(4), scene(5)
+    cams.publish('front', front, base, 'front_2')
+    probe.spin_for(0.2)
+    cams.publish('wrist', wrist, base + 200 * MS, 'wrist_2')    # 0.2 s apart > camera_sync_s
+    probe.spin_for(0.3)
+    info = probe.ask_info('And now?')
+    assert [c['image']['frame_id'] for c in info['cameras']] == ['front_2', 'wrist_2'], info
+    assert info['camera_sync'] == {'synchronised': False, 'spread_s': 0.2}, info
+    assert info['text'] == expected(reference, [
+        '(The frames below are the newest of each camera, not taken at the same time.)\n',
+        'front: ', front, '\n', 'wrist: ', wrist, '\n', 'And now?'])
+
+
+def test_a_camera_that_stops_publishing_is_reported_and_left_out(cams, reference):
+    probe = cams.probe
+    n_err = len(probe.errors)
+    front = scene(6)
+    # Front keeps streaming; wrist's publisher stays matched but sends nothing.
+    cams.stream(BLIND_AFTER_S + 2.5, 5.0, names=('front',), frames={'front': front})
+    blind = [e for e in probe.errors[n_err:] if e.startswith('blind:')]
+    assert len(blind) == 1 and f'{NS}/wrist' in blind[0] and f'{NS}/front' not in blind[0], blind
+    probe.spin_until(lambda: probe.generation()[2].get('camera') == 'blind', 5.0,
+                     'camera blind in /diagnostics')
+    cams.stream(0.5, 5.0, names=('front',), frames={'front': front})
+    info = probe.ask_info('Is the wrist camera working?')
+    seen = by_name(info)
+    assert seen['front']['image'] is not None and seen['wrist']['image'] is None, info
+    assert 'old' in seen['wrist']['missing'], info
+    assert info['camera_sync']['synchronised'] is False
+    assert info['text'] == expected(reference, ['front: ', front, '\n',
+                                                'Is the wrist camera working?'])
+    cams.stream(0.5, 5.0)
+    probe.spin_until(lambda: probe.generation()[2].get('camera') == 'ok', 5.0, 'camera ok again')
+
+
+def ns(stamp):
+    return stamp['sec'] * 10**9 + stamp['nanosec']
+
+
+def test_a_video_request_is_answered_with_the_right_span(cams, reference):
+    from orin_llm_node.processing import VideoClip
+    probe = cams.probe
+    window = 2.0
+    assert all(r.successful for r in probe.set_params(video_window_s=window))
+    try:
+        cams.stream(BUFFER_S + 0.5, 10.0)
+        asked = cams.now()
+        info = probe.ask_info('What happened?')
+    finally:
+        probe.set_params(video_window_s=0.0)
+    assert info['video']['seconds'] == window, info
+    by_stamp = {stamp: rgb for stamp, rgb in cams.sent.values()}
+    sizer = FrameSizer.of(reference.prompts)
+    parts, starts, ends = [], [], []
+    for cam in info['cameras']:
+        clip = cam['video']
+        assert cam['image'] is None and clip is not None, info
+        stamps = [ns(s) for s in clip['stamps']]
+        assert len(stamps) == clip['frames'] and 3 <= clip['frames'] <= 4, clip   # 2 fps x 2 s
+        assert stamps == sorted(stamps)
+        assert asked - window * 1e9 < stamps[0] <= stamps[-1] <= asked
+        assert np.diff(stamps).min() >= 0.4e9, 'kept at video_fps'
+        assert ns(clip['first_stamp']) == stamps[0] and ns(clip['last_stamp']) == stamps[-1]
+        assert clip['span_s'] == pytest.approx((stamps[-1] - stamps[0]) / 1e9)
+        starts.append(stamps[0])
+        ends.append(stamps[-1])
+        # The frames are the published ones at those stamps, at the model's size.
+        frames = [resize_for_model(by_stamp[s], sizer) for s in stamps]
+        assert list(frames[0].shape[:2]) == clip['size']
+        parts += [f"{cam['name']}: ",
+                  VideoClip(frames, [(s - stamps[0]) / 1e9 for s in stamps]), '\n']
+    assert ns(info['video']['start']) == min(starts) and ns(info['video']['end']) == max(ends)
+    assert info['video']['span_s'] == pytest.approx((max(ends) - min(starts)) / 1e9)
+    assert info['finish_reason'] in ('stop', 'length'), info
+    assert info['text'] == expected(reference, parts + ['What happened?'])
+
+
+def test_the_video_rings_memory_is_flat_and_in_diagnostics(cams, node):
+    probe = cams.probe
+    frames = {name: scene(20 + i, 480, 640) for i, name in enumerate(CAMERAS)}
+    cams.stream(BUFFER_S + 1.0, 30.0, frames=frames)
+    _, _, gen = probe.generation()
+    full = int(gen['video_buffer_bytes'])
+    capacity = int(np.ceil(VIDEO_FPS * BUFFER_S))
+    assert int(gen['video_buffer_frames']) == capacity * len(CAMERAS), gen
+    assert full == int(gen['video_buffer_limit_bytes']) > 0
+    assert full < capacity * len(CAMERAS) * 480 * 640 * 3 or full == capacity * len(
+        CAMERAS) * 480 * 640 * 3
+    rss = memory_mb(node, 'VmRSS')
+    cams.stream(6.0, 30.0, frames=frames)
+    _, _, gen = probe.generation()
+    assert int(gen['video_buffer_bytes']) == full, 'flat once full'
+    # Unbounded, 6 s of two 30 Hz cameras would keep 300+ MB of frames.
+    assert memory_mb(node, 'VmRSS') - rss < 100
+
+
+def test_future_stamps_are_refused_on_arrival_per_camera(cams):
+    probe = cams.probe
+    probe.expect_error(lambda: cams.publish('wrist', scene(30), cams.now() + 3600 * 10**9,
+                                            'wrist_future'), 'image on wrist rejected')
+    assert 'in the future' in probe.errors[-1]
+
+
+def test_a_clip_with_zero_frames_is_refused(cams):
+    probe = cams.probe
+    probe.spin_for(2.5)                             # every kept frame is older than the window
+    assert all(r.successful for r in probe.set_params(video_window_s=2.0))
+    try:
+        info = probe.ask_info('Anything moving?')
+    finally:
+        probe.set_params(video_window_s=0.0)
+    assert info['finish_reason'] == 'refused' and info['text'] is None, info
+    assert 'zero frames' in info['error'] and 'front: no frame kept in the last 2 s' in \
+        info['error'], info
+    assert [c['video'] for c in info['cameras']] == [None, None]
