@@ -254,3 +254,31 @@ def test_a_clip_with_zero_frames_is_refused(cams):
     assert 'zero frames' in info['error'] and 'front: no frame kept in the last 2 s' in \
         info['error'], info
     assert [c['video'] for c in info['cameras']] == [None, None]
+
+
+def test_chat_client_video_frames_are_found_and_stamped(tmp_path):
+    import cv2
+    from sensor_msgs.msg import CompressedImage
+
+    from orin_llm_node.ros.chat_client import _video_verdict, stamp_clip, video_files
+    for name in ('b.png', 'a.jpg', 'notes.txt', 'c.bmp'):
+        path = tmp_path / name
+        if name.endswith('.txt'):
+            path.write_text('not a frame')
+        else:
+            assert cv2.imwrite(str(path), scene(0, 8, 8))
+    assert [p.name for p in video_files(str(tmp_path))] == ['a.jpg', 'b.png', 'c.bmp']
+    assert [p.name for p in video_files(f'{tmp_path}/c.bmp,{tmp_path}/a.jpg')] == [
+        'c.bmp', 'a.jpg']
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    with pytest.raises(ValueError, match='no image files'):
+        video_files(str(empty))
+    msgs = stamp_clip([CompressedImage() for _ in range(3)], 2.0, 10 * 10**9, 'clip')
+    assert [(m.header.stamp.sec, m.header.stamp.nanosec) for m in msgs] == [
+        (9, 0), (9, 500_000_000), (10, 0)]
+    assert {m.header.frame_id for m in msgs} == {'clip'}
+    used = {'cameras': [{'name': 'image', 'video': {'frames': 3}, 'missing': None}]}
+    assert _video_verdict(used, 'clip') is None
+    none = {'cameras': [{'name': 'image', 'video': None, 'missing': 'no frame kept yet'}]}
+    assert 'no frame kept yet' in _video_verdict(none, 'clip')
