@@ -51,8 +51,9 @@ def run(width, height, minutes, fps, seconds, frame_sizer):
     resize_s = []
 
     def decode_and_resize():
+        decoded = full.copy()           # a decoder hands over a fresh array per frame
         t0 = time.perf_counter()
-        out = resize_for_model(full, frame_sizer)
+        out = resize_for_model(decoded, frame_sizer)
         resize_s.append(time.perf_counter() - t0)
         return out
 
