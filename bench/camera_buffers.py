@@ -48,27 +48,32 @@ def run(width, height, minutes, fps, seconds, frame_sizer):
     """One camera: bytes held per simulated second, traced memory per minute, resize times."""
     ring = FrameRing(fps, seconds)
     full = np.random.default_rng(0).integers(0, 256, (height, width, 3), np.uint8)
-    resize_s = []
+    # The samples live in arrays allocated up front: the traced memory is the ring's alone.
+    resize_s = np.zeros(int(minutes * 60 * fps) + 2)
+    held = np.zeros(minutes * 60, np.int64)
+    traced = np.zeros(minutes, np.int64)
+    kept = [0]
 
     def decode_and_resize():
         decoded = full.copy()           # a decoder hands over a fresh array per frame
         t0 = time.perf_counter()
         out = resize_for_model(decoded, frame_sizer)
-        resize_s.append(time.perf_counter() - t0)
+        resize_s[kept[0]] = time.perf_counter() - t0
+        kept[0] += 1
         return out
 
     period = 1_000_000_000 // CAMERA_HZ
-    held, traced = [], []
     tracemalloc.start()
     try:
         for i in range(minutes * 60 * CAMERA_HZ):
             ring.offer(i * period, decode_and_resize)
             if i % CAMERA_HZ == CAMERA_HZ - 1:
-                held.append(ring.nbytes)
+                held[i // CAMERA_HZ] = ring.nbytes
             if i % (60 * CAMERA_HZ) == 60 * CAMERA_HZ - 1:
-                traced.append(tracemalloc.get_traced_memory()[0])
+                traced[i // (60 * CAMERA_HZ)] = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
+    resize_s, held, traced = resize_s[:kept[0]], held.tolist(), traced.tolist()
     h, w = ring.frame_shape[:2]
     return {'camera': f'{width}x{height}', 'kept_size': f'{w}x{h}',
             'frame_bytes': h * w * 3, 'full_frame_bytes': width * height * 3,
