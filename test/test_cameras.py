@@ -33,6 +33,8 @@ MAX_AGE_S = 2.0
 VIDEO_FPS = 2.0
 BUFFER_S = 3.0
 MS = 1_000_000
+# Room for two small frames or clips; two 3 s clips of 640x480 frames (~360 tokens) exceed it.
+MAX_MODEL_LEN = 256
 
 
 def scene(seed, h=96, w=128):
@@ -59,7 +61,7 @@ def node(tiny_ckpt, reference, tmp_path_factory):
                       f'image_topics:=[{", ".join(CAMERAS)}]', f'camera_sync_s:={SYNC_S}',
                       f'image_max_age_s:={MAX_AGE_S}', f'video_fps:={VIDEO_FPS}',
                       f'video_buffer_s:={BUFFER_S}', f'max_new_tokens:={MAX_NEW}',
-                      'conversation_mode:=single')
+                      'conversation_mode:=single', f'max_model_len:={MAX_MODEL_LEN}')
     yield proc
     stop(proc)
 
@@ -233,6 +235,20 @@ def test_the_video_rings_memory_is_flat_and_in_diagnostics(cams, node):
     assert int(gen['video_buffer_bytes']) == full, 'flat once full'
     # Unbounded, 6 s of two 30 Hz cameras would keep 300+ MB of frames.
     assert memory_mb(node, 'VmRSS') - rss < 100
+
+
+def test_a_clip_longer_than_the_context_is_refused(cams):
+    probe = cams.probe
+    assert all(r.successful for r in probe.set_params(video_window_s=BUFFER_S))
+    try:
+        cams.stream(1.0, 10.0, frames={name: scene(40 + i, 480, 640)
+                                       for i, name in enumerate(CAMERAS)})
+        info = probe.ask_info('Describe the last seconds.')
+    finally:
+        probe.set_params(video_window_s=0.0)
+    assert [c['video']['frames'] >= 5 for c in info['cameras']] == [True, True], info
+    assert info['finish_reason'] == 'context_full' and info['text'] is None, info
+    assert f'max_model_len is {MAX_MODEL_LEN}' in info['error'], info
 
 
 def test_future_stamps_are_refused_on_arrival_per_camera(cams):
