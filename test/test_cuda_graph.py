@@ -26,6 +26,7 @@ skip_without_cuda_kernels()
 from _engine_reference import Reference, random_image  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from orin_llm_node.engine.sampler import Sampler  # noqa: E402
 
 MAX_TOKENS = 200
 
@@ -179,13 +180,10 @@ def test_greedy_graph_step_masks_banned_ids(engines):
     logits = runner.decode(token, context - 1, table, context)
     top = int(logits.argmax())
 
-    class Greedy:  # the Sampler interface decode_sample reads
-        params = SamplingParams()
-        banned = torch.tensor([top], device="cuda")
-
-    got = runner.decode_sample(token, context - 1, table, context, Greedy())
+    greedy = Sampler(SamplingParams(), torch.device("cuda"), {top})
+    got = runner.decode_sample(token, context - 1, table, context, greedy)
     assert got != top
-    assert got == int(logits.index_fill(0, Greedy.banned, float("-inf")).argmax())
+    assert got == int(logits.index_fill(0, greedy.banned, float("-inf")).argmax())
 
 
 def test_decode_step_kernel_count(engines):

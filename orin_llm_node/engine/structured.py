@@ -14,8 +14,8 @@ The library is optional: without it the engine runs as before and refuses a cons
 request with :class:`StructuredUnavailable` (a ``ValueError``) naming the package to install.
 
 A mask is the xgrammar / llguidance layout: int32 words, bit ``i % 32`` of word ``i // 32``
-set when token ``i`` is allowed; :func:`unpack_bitmask` turns it into a boolean row with torch
-ops a CUDA graph can hold. The grammar also decides the end of the answer: the stop tokens are
+set when token ``i`` is allowed; :func:`apply_bitmask` masks logits with it in torch ops a
+CUDA graph can hold. The grammar also decides the end of the answer: the stop tokens are
 allowed exactly when the grammar is complete.
 """
 
@@ -31,8 +31,9 @@ __all__ = [
     "StructuredUnavailable",
     "check_response_format",
     "parse_answer",
+    "apply_bitmask",
+    "host_bitmask",
     "structured_available",
-    "unpack_bitmask",
 ]
 
 RESPONSE_FORMAT_TYPES = ("json_object", "json_schema", "regex")
@@ -95,15 +96,18 @@ def parse_answer(fmt: dict, text: str):
         return None
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Boolean ``[vocab_size]`` (True = allowed) of an int32 bitmask ``[ceil(V / 32)]``.
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
+                  shifts: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits [V]`` with the ids not allowed by ``bitmask`` (int32 ``[ceil(V / 32)]``) at -inf.
 
-    Fixed shapes and no host reads: a CUDA graph captures it once for every mask written
-    into ``bitmask`` later.
+    Four kernels of fixed shape and no host read: a CUDA graph captures them once and applies
+    whatever mask is written into ``bitmask`` before each replay. ``shifts``: a static
+    ``arange(32)`` (int32, on the device) for graphs; made here when None.
     """
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    if shifts is None:
+        shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = torch.bitwise_and(torch.bitwise_right_shift(bitmask.unsqueeze(1), shifts), 1)
-    return bits.reshape(-1)[:vocab_size].bool()
+    return logits.masked_fill(bits.reshape(-1)[:logits.shape[-1]] == 0, float("-inf"))
 
 
 def host_bitmask(vocab_size: int, allowed=None, banned=()) -> np.ndarray:

@@ -5,6 +5,8 @@
     orin_llm_chat "What is in front of you?"
     orin_llm_chat --image shelf.jpg "How many boxes are on the shelf?"
     orin_llm_chat -n /robot1/orin_llm --timeout 120 "Is the path clear?"
+    orin_llm_chat --image shelf.jpg --schema box.schema.json "Which box should I pick up?"
+    orin_llm_chat --json "List the objects you see."
     orin_llm_chat --video frames/ --fps 2 "Which way did the person go?"
 
 The on-robot counterpart of ``ros2 topic pub --once .../prompt`` + ``ros2 topic echo
@@ -18,6 +20,11 @@ reason on stderr.  ``--video`` sends a clip instead: the directory's image files
 the prompt on ``prompt/json`` asking for the seconds they span (``video_s``).  Ctrl-C cancels
 the answer on the node.  Exit status: 0 answered (with the
 image, when one was given), 1 error, timeout, refusal, or an answer produced without the image.
+
+``--schema FILE`` (a JSON Schema) / ``--json`` (any JSON object) send the question as a
+``prompt/json`` request envelope with that ``response_format``, match the answer by its
+``tag`` and print the parsed JSON; an answer that did not complete (``"valid": false``, e.g.
+``finish_reason=length``) exits 1.
 """
 
 import argparse
@@ -61,8 +68,8 @@ class LLMClient(Node):
         self.on_delta = None
         self.on_error = None
         self._image_pubs = {}           # created on first use: no idle image publisher
-        self._json_pub = None           # prompt/json, created on first use
         self.pub_prompt = self.create_publisher(String, self.topic('prompt'), _RELIABLE)
+        self.pub_envelope = self.create_publisher(String, self.topic('prompt/json'), _RELIABLE)
         self.create_subscription(Bool, self.topic('ready'), self._on_ready, _LATCHED)
         self.create_subscription(String, self.topic('response/stream'), self._on_delta, _STREAM)
         self.create_subscription(String, self.topic('response/info'), self._on_info, _RELIABLE)
@@ -157,27 +164,23 @@ class LLMClient(Node):
         return mine()
 
     def ask_envelope(self, envelope, timeout_s):
-        """Publish ``envelope`` (a dict) on ``prompt/json``; the node's ``response/info`` for it.
+        """Publish a ``prompt/json`` envelope with a fresh ``tag``; its ``response/info``.
 
-        The envelope gets a unique ``tag`` (unless it has one), which the node echoes in its
-        ``response/info``; None on timeout or when nothing subscribes to ``prompt/json``.
+        Waits (within ``timeout_s``) for the node's ``prompt/json`` subscription first; None on
+        timeout.
         """
-        envelope = dict(envelope)
-        tag = envelope.setdefault('tag', f'orin_llm_chat_{os.getpid()}_{time.time_ns()}')
-        if self._json_pub is None:
-            self._json_pub = self.create_publisher(String, self.topic('prompt/json'), _RELIABLE)
-        deadline = time.monotonic() + timeout_s
-        if not self.spin_until(lambda: self._json_pub.get_subscription_count() > 0,
-                               min(timeout_s, 10.0)):
+        if not self.spin_until(lambda: self.pub_envelope.get_subscription_count() > 0,
+                               timeout_s):
             return None
+        tag = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
         before = len(self.infos)
         self.deltas = []
-        self._json_pub.publish(String(data=json.dumps(envelope)))
+        self.pub_envelope.publish(String(data=json.dumps({**envelope, 'tag': tag})))
 
         def mine():
             return next((i for i in self.infos[before:] if i.get('tag') == tag), None)
 
-        if not self.spin_until(lambda: mine() is not None, deadline - time.monotonic()):
+        if not self.spin_until(lambda: mine() is not None, timeout_s):
             return None
         return mine()
 
@@ -287,6 +290,11 @@ def main(args=None):
                         help='frames per second of --video (default 2)')
     parser.add_argument('--timeout', type=float, default=300.0,
                         help='seconds to wait for the node and for the answer (default 300)')
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument('--schema', metavar='FILE',
+                     help='answer as JSON valid against this JSON Schema file (prompt/json)')
+    fmt.add_argument('--json', action='store_true',
+                     help='answer as a JSON object (prompt/json)')
     argv = sys.argv[1:] if args is None else list(args)
     ros_args = remove_ros_args(['orin_llm_chat'] + argv)[1:]
     opts = parser.parse_args(ros_args)
@@ -296,6 +304,7 @@ def main(args=None):
     if not opts.fps > 0:
         parser.error(f'--fps must be > 0, got {opts.fps:g}')
     try:
+        opts.response_format = _response_format(opts)
         if opts.image:
             image = image_message(opts.image)
         if opts.video:
@@ -344,8 +353,10 @@ def _converse_video(client, opts, clip):
                   'Pass --image-topic.', file=sys.stderr)
             return 1
     seconds = (client.get_clock().now().nanoseconds - first_ns) / 1e9 + 0.5 / opts.fps
-    info = client.ask_envelope({'prompt': ' '.join(opts.prompt), 'video_s': round(seconds, 3)},
-                               opts.timeout)
+    envelope = {'prompt': ' '.join(opts.prompt), 'video_s': round(seconds, 3)}
+    if opts.response_format is not None:
+        envelope['response_format'] = opts.response_format
+    info = client.ask_envelope(envelope, opts.timeout)
     if info is None:
         print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
         return 1
@@ -381,6 +392,8 @@ def _converse(client, opts, image):
                   'subscribes there, or no acknowledgement): is its image topic remapped? '
                   'Pass --image-topic.', file=sys.stderr)
             return 1
+    if opts.response_format is not None:
+        return _converse_json(client, opts, image)
     info = client.ask_tagged(' '.join(opts.prompt), opts.timeout)
     if info is None:
         print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
@@ -399,6 +412,47 @@ def _converse(client, opts, image):
             print(f'orin_llm_chat: the answer above was produced WITHOUT your image: {why}',
                   file=sys.stderr)
             return 1
+    return 0
+
+
+def _response_format(opts):
+    """The ``response_format`` of ``--schema FILE`` / ``--json``, or None."""
+    if opts.json:
+        return {'type': 'json_object'}
+    if opts.schema is None:
+        return None
+    try:
+        schema = json.loads(Path(opts.schema).read_text())
+    except ValueError as exc:
+        raise ValueError(f'{opts.schema}: not JSON: {exc}') from None
+    if not isinstance(schema, dict):
+        raise ValueError(f'{opts.schema}: a JSON Schema must be a JSON object')
+    return {'type': 'json_schema', 'schema': schema}
+
+
+def _converse_json(client, opts, image):
+    info = client.ask_envelope({'prompt': ' '.join(opts.prompt),
+                                'response_format': opts.response_format}, opts.timeout)
+    if info is None:
+        print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
+        return 1
+    if info.get('text') is None:
+        print(f"orin_llm_chat: request refused (request {info.get('request_id')}): "
+              f"{info.get('error')}", file=sys.stderr)
+        return 1
+    print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
+          f"valid={str(info.get('valid')).lower()}, {info.get('generated_tokens')} tokens]",
+          file=sys.stderr)
+    if not info.get('valid'):
+        print(info['text'])
+        print(f"orin_llm_chat: the answer is incomplete (finish_reason="
+              f"{info['finish_reason']}): not valid JSON for the schema", file=sys.stderr)
+        return 1
+    print(json.dumps(info['json'], ensure_ascii=False))
+    if image is not None and _image_verdict(info, image) is not None:
+        print('orin_llm_chat: the answer above was produced WITHOUT your image: '
+              f'{_image_verdict(info, image)}', file=sys.stderr)
+        return 1
     return 0
 
 

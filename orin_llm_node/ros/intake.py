@@ -79,6 +79,7 @@ class Request:
     received_ns: int = 0
     synchronised: bool = True       # the frames are one approximate-time set (or one camera)
     video_s: float = 0.0            # the clip's length asked for (0: single frames)
+    envelope: dict | None = None    # prompt/json: the checked keys (request_envelope.KEYS)
 
     @property
     def image(self):

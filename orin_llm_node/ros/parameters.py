@@ -9,6 +9,7 @@ once, when the node starts or a run-time parameter is set.
 """
 
 from dataclasses import dataclass
+import json
 import math
 from pathlib import Path
 import re
@@ -64,6 +65,20 @@ def _float_in(low, high=math.inf, low_open=False, allow_inf=False):
             return f'must be in {lo}{low}, {hi}'
         return None
     return check
+
+
+def _json_object_text(v):
+    if v == '':
+        return None
+    try:
+        return None if isinstance(json.loads(v), dict) else 'must be a JSON object'
+    except ValueError as exc:
+        return f'is not JSON: {exc}'
+
+
+def response_format(text):
+    """The ``response_format`` parameter's JSON text as a dict (empty: None)."""
+    return json.loads(text) if text else None
 
 
 @dataclass(frozen=True)
@@ -145,6 +160,10 @@ PARAMETERS = (
           _choice('chat', 'single'), constraints='chat | single'),
     Param('max_generation_s', 0.0, 'deadline per answer in seconds (0 = none)',
           constraints='>= 0.0'),
+    Param('response_format', '', 'JSON object constraining the answers to plain prompts: '
+          '{"type": "json_object"}, {"type": "json_schema", "schema": {...}} or '
+          '{"type": "regex", "pattern": "..."} (empty = free text)', _json_object_text,
+          runtime=True, constraints='empty | JSON object'),
 )
 PARAMS_BY_NAME = {p.name: p for p in PARAMETERS}
 RUNTIME_PARAMETERS = tuple(p.name for p in PARAMETERS if p.runtime)
@@ -181,7 +200,7 @@ def check_parameters(values):
         engine_config(values, values['model_path'] or 'demo_model')
         sampling_params(values)
     except ValueError as exc:
-        field = str(exc).split()[0]
+        field = str(exc).split()[0].split('.')[0]  # 'response_format.type' names a parameter
         name = _ENGINE_FIELDS.get(field, field)
         given = f' = {values[name]!r}' if name in values else ''
         raise ParameterError(f"parameter '{name}'{given}: {exc}") from None
@@ -212,7 +231,8 @@ def sampling_params(values):
     return SamplingParams(
         max_tokens=values['max_new_tokens'], temperature=values['temperature'],
         top_p=values['top_p'], top_k=values['top_k'], seed=None if seed == -1 else seed,
-        timeout_s=None if deadline == 0 else deadline)
+        timeout_s=None if deadline == 0 else deadline,
+        response_format=response_format(values['response_format']))
 
 
 _TRUE = ('true', '1', 'yes', 'on')

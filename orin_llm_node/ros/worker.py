@@ -11,6 +11,7 @@ publishing methods.
 """
 
 from collections import deque
+import dataclasses
 import threading
 import time
 import traceback
@@ -59,6 +60,22 @@ def cameras_info(request):
                          'end': _stamp(max(clip_stamps)) if clip_stamps else None,
                          'span_s': round((max(clip_stamps) - min(clip_stamps)) / 1e9, 6)
                          if clip_stamps else None}
+    return info
+
+
+# prompt/json key -> the SamplingParams field it overrides for its own answer.
+_ENVELOPE_SAMPLING = {'max_new_tokens': 'max_tokens', 'temperature': 'temperature',
+                      'response_format': 'response_format'}
+
+
+def _with_envelope_keys(info, request, result):
+    """``info`` plus the envelope's ``tag`` and, for a constrained answer, ``json``/``valid``."""
+    tag = (request.envelope or {}).get('tag')
+    if tag is not None:
+        info['tag'] = tag
+    if result is not None and result.valid is not None:
+        info['valid'] = result.valid
+        info['json'] = result.parsed
     return info
 
 
@@ -220,9 +237,9 @@ class Worker:
             self.node.publish_error(text)
             return
         self.node.publish_error(f'{text} (request {request.request_id})')
-        self.node.publish_info({'request_id': request.request_id, 'prompt': request.text,
-                                'text': None, 'image': None, **cameras_info(request),
-                                'finish_reason': 'error', 'error': text})
+        info = {'request_id': request.request_id, 'prompt': request.text, 'text': None,
+                'image': None, **cameras_info(request), 'finish_reason': 'error', 'error': text}
+        self.node.publish_info(_with_envelope_keys(info, request, None))
 
     def _drop_conversation(self, why=None):
         if self._conv is not None and self.engine is not None:
@@ -240,11 +257,17 @@ class Worker:
             self._conv_system_prompt = system_prompt
         return self._conv
 
-    def _sampling(self):
-        # Run-time parameters may have changed since the last prompt.
+    def _sampling(self, request):
+        # Run-time parameters may have changed since the last prompt; an envelope's keys
+        # override them for its own answer.
         values = dict(self.node.params)
         values.update({name: self.node.runtime(name) for name in parameters.RUNTIME_PARAMETERS})
-        return parameters.sampling_params(values)
+        sampling = parameters.sampling_params(values)
+        env = request.envelope or {}
+        for key, field in _ENVELOPE_SAMPLING.items():
+            if key in env:
+                sampling = dataclasses.replace(sampling, **{field: env[key]})
+        return sampling
 
     def frame_processor(self):
         """What sizes the frames kept for video (the engine's processors), once loaded."""
@@ -304,7 +327,9 @@ class Worker:
         if stamps:
             node.info.update(last_image_stamp=max(stamps) / 1e9)
         text, images, videos = self._content(request, used)
-        sampling = self._sampling()
+        sampling = self._sampling(request)
+        if (request.envelope or {}).get('conversation') == 'new':
+            self._drop_conversation('prompt/json asked for a new conversation')
         conv = self._conversation()
         t0 = time.monotonic()
         result = None
@@ -331,7 +356,7 @@ class Worker:
                          last_vision_ms=1000.0 * result.vision_s,
                          last_decode_tok_s=result.decode_tok_s)
         first = request.views[0] if request.views else None
-        node.publish_info({
+        node.publish_info(_with_envelope_keys({
             'request_id': request.request_id, 'prompt': request.text,
             'text': None if result.error else result.text,
             'image': first.image.describe() if first and first.image else None,
@@ -342,7 +367,7 @@ class Worker:
             'prompt_tokens': len(result.prompt_token_ids),
             'ttft_ms': round(1000.0 * result.ttft_s, 3),
             'decode_tok_s': round(result.decode_tok_s, 3),
-            'weight_format': self.engine.weight_format})
+            'weight_format': self.engine.weight_format}, request, result))
         what = f"'{preview(request.text)}'" + ''.join(
             f' + {x.shape[1]}x{x.shape[0]} image' if isinstance(x, np.ndarray)
             else f' + {len(x.frames)}-frame clip' for _, x in used)
