@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from orin_llm_node.processing.rope_index import rope_positions
-from orin_llm_node.processing.video import ProcessedVideo, VideoClip, video_key
+from orin_llm_node.processing.video import VideoClip, video_key
 
 __all__ = ["ImageRef", "PromptBuilder", "PromptPiece", "VideoRef", "image_key"]
 
@@ -149,7 +149,7 @@ class PromptBuilder:
                     raise ValueError("this checkpoint takes no video (no video processor or "
                                      "video pad token)")
                 content.append({"type": "video"})
-                refs.append(self.video_processor.preprocess(item))
+                refs.append(self.video_processor.resize(item))
             elif isinstance(item, np.ndarray):
                 content.append({"type": "image"})
                 processed = self.image_processor.preprocess(item)
@@ -168,29 +168,30 @@ class PromptBuilder:
                 raise ValueError("the chat template does not render conversations incrementally")
             _, tail = self._head(rendered)
             piece = tail + full[len(rendered):]
-        ids, media = self._expand(self.tokenizer.encode(piece), refs, pixels)
+        ids, media = self._expand(self.tokenizer.encode(piece), refs)
         return PromptPiece([user], ids, media, pixels)
 
-    def _video_ids(self, video: ProcessedVideo) -> tuple[list[int], list[int], list[int]]:
+    def _video_ids(self, group_times, tokens_per_group: int):
         # transformers 5.x's expansion of the template's <|video_pad|> (the pad alone: the
         # template's <|vision_start|> and <|vision_end|> around it stay): per temporal group
         # "<{t:.1f} seconds>", <|vision_start|>, the group's pads, <|vision_end|>. Returned as
         # (ids before the first pad, the span from the first pad to the last, each group's pad
         # start in the span); the final <|vision_end|> follows the span.
         tok = self.tokenizer
-        groups = [tok.encode(f"<{t:.1f} seconds>") for t in video.group_times]
+        groups = [tok.encode(f"<{t:.1f} seconds>") for t in group_times]
         head = [*groups[0], tok.vision_start_id]
         span, starts = [], []
         for g, text in enumerate(groups):
             if g:
                 span.extend([tok.vision_end_id, *text, tok.vision_start_id])
             starts.append(len(span))
-            span.extend([self.video_token_id] * video.tokens_per_group)
+            span.extend([self.video_token_id] * tokens_per_group)
         return head, span, starts
 
-    def _expand(self, raw: list[int], items: list, pixels: dict):
-        # Expand the k-th image or video pad of ``raw`` for items[k] (an ImageRef or a
-        # ProcessedVideo); returns the ids and (first pad offset, ref) of every item.
+    def _expand(self, raw: list[int], items: list):
+        # Expand the k-th image or video pad of ``raw`` for items[k] (an ImageRef or a clip
+        # from VideoProcessor.resize); returns the ids and (first pad offset, ref) of every
+        # item. A clip's patches are made only if the vision cache lacks it (pixel_values).
         ids, media = [], []
         for tok in raw:
             if tok != self.image_token_id and tok != self.video_token_id:
@@ -206,13 +207,12 @@ class PromptBuilder:
                 media.append((len(ids), item))
                 ids.extend([tok] * item.num_tokens)
                 continue
-            head, span, starts = self._video_ids(item)
+            grid, group_times, per_group = self.video_processor.layout(item)
+            head, span, starts = self._video_ids(group_times, per_group)
             ids.extend(head)
-            frames = np.stack(item.clip.frames)
-            key = video_key(frames)
-            pixels[key] = item.pixel_values
-            media.append((len(ids), VideoRef(item.clip, key, item.grid_thw, len(span),
-                                             tuple(starts), item.tokens_per_group)))
+            key = video_key(np.stack(item.frames))
+            media.append((len(ids), VideoRef(item, key, grid, len(span), tuple(starts),
+                                             per_group)))
             ids.extend(span)
             ids.append(self.tokenizer.vision_end_id)
         if len(media) != len(items):

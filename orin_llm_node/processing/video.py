@@ -23,7 +23,7 @@ The clip keeps only what a re-prefill needs: the sampled frames at the size the 
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 import hashlib
 import json
 import math
@@ -245,13 +245,6 @@ class VideoProcessor:
             max_video_tokens=int(cfg.get("max_video_tokens", d.max_video_tokens)),
         )
 
-    def capped(self, max_pixels: int | None = None) -> "VideoProcessor":
-        """A copy whose clip pixel maximum is lowered to ``max_pixels`` (never raised)."""
-        if max_pixels is None:
-            return self
-        hi = min(int(max_pixels), self.max_pixels)
-        return replace(self, max_pixels=hi, min_pixels=min(self.min_pixels, hi))
-
     def sample_indices(self, timestamps: Sequence[float]) -> np.ndarray:
         """Indices of the frames the reference samples from a clip with these timestamps.
 
@@ -278,13 +271,12 @@ class VideoProcessor:
         return video_smart_resize(num_frames, height, width, self.temporal_patch_size,
                                   self.factor, self.min_pixels, max_pixels)
 
-    def tokens_per_group(self, num_frames: int, height: int, width: int) -> int:
-        """Video pad tokens of one temporal group of such a clip."""
-        h, w = self.target_size(num_frames, height, width)
-        return (h // self.factor) * (w // self.factor)
+    def resize(self, clip: VideoClip) -> VideoClip:
+        """The frames of ``clip`` the model sees: sampled at ``fps`` and resized (uint8).
 
-    def preprocess(self, clip: VideoClip) -> ProcessedVideo:
-        """Sample, resize and patchify ``clip``."""
+        What a conversation keeps of a clip (never the caller's full-resolution frames);
+        ``patchify`` turns it into the vision tower's input.
+        """
         if not isinstance(clip, VideoClip):
             raise ValueError(f"a video must be a VideoClip, got {type(clip).__name__}")
         idx = self.sample_indices(clip.timestamps)
@@ -296,35 +288,39 @@ class VideoProcessor:
         if (new_h, new_w) != (height, width):
             video = F.interpolate(video, size=[new_h, new_w], mode="bicubic",
                                   align_corners=False, antialias=True)
-        times = [clip.timestamps[i] for i in idx]
         frames = np.ascontiguousarray(video.permute(0, 2, 3, 1).numpy())
-        kept = VideoClip(frames, times)
-        return self._patchify(kept, video, [t - clip.timestamps[0] for t in times])
+        return VideoClip(frames, [clip.timestamps[i] for i in idx])
 
-    def patchify(self, clip: VideoClip, start: float | None = None) -> ProcessedVideo:
-        """Patches of a clip already sampled and at the model's size (a stored clip).
+    def layout(self, clip: VideoClip) -> tuple[tuple[int, int, int], tuple[float, ...], int]:
+        """``(grid_thw, group_times, tokens_per_group)`` of a clip from ``resize``.
 
-        ``start``: the time group times count from (default: the clip's first frame).
+        Group times count from the clip's first frame (sampling always keeps it).
         """
-        video = torch.from_numpy(np.stack(clip.frames)).permute(0, 3, 1, 2).contiguous()
-        origin = clip.timestamps[0] if start is None else start
-        return self._patchify(clip, video, [t - origin for t in clip.timestamps])
+        tp, p, m = self.temporal_patch_size, self.patch_size, self.merge_size
+        times = [t - clip.timestamps[0] for t in clip.timestamps]
+        times.extend([times[-1]] * (-len(times) % tp))  # the padded frames repeat the last
+        group_times = tuple((times[i] + times[i + tp - 1]) / 2 for i in range(0, len(times), tp))
+        h, w = clip.size
+        return (len(group_times), h // p, w // p), group_times, (h // p) * (w // p) // (m * m)
 
-    def _patchify(self, clip: VideoClip, video: torch.Tensor, times) -> ProcessedVideo:
+    def patchify(self, clip: VideoClip) -> ProcessedVideo:
+        """Normalise and patchify a clip from ``resize`` (its frames already at model size)."""
+        video = torch.from_numpy(np.stack(clip.frames)).permute(0, 3, 1, 2)
         # Fused rescale + normalise in float32, the reference's arithmetic.
         mean = torch.tensor(self.mean) * (1.0 / self.rescale_factor)
         std = torch.tensor(self.std) * (1.0 / self.rescale_factor)
         x = video.to(torch.float32).sub_(mean.view(-1, 1, 1)).div_(std.view(-1, 1, 1))
         tp, p, m = self.temporal_patch_size, self.patch_size, self.merge_size
-        times = list(times)
-        if pad := -x.shape[0] % tp:  # repeat the last frame (and its time) up to a full group
+        if pad := -x.shape[0] % tp:  # repeat the last frame up to a full temporal group
             x = torch.cat((x, x[-1:].expand(pad, -1, -1, -1)))
-            times.extend([times[-1]] * pad)
-        frames, channels, h, w = x.shape
-        gt, gh, gw = frames // tp, h // p, w // p
-        x = x.view(gt, tp, channels, gh // m, m, p, gw // m, m, p)
+        grid, group_times, per_group = self.layout(clip)
+        gt, gh, gw = grid
+        x = x.view(gt, tp, x.shape[1], gh // m, m, p, gw // m, m, p)
         # -> (group, merge row, merge col, row in window, col in window, C, T, py, px)
         x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-        patches = x.reshape(gt * gh * gw, channels * tp * p * p)
-        group_times = tuple((times[i] + times[i + tp - 1]) / 2 for i in range(0, frames, tp))
-        return ProcessedVideo(clip, patches, (gt, gh, gw), group_times, gh * gw // (m * m))
+        patches = x.reshape(gt * gh * gw, -1)
+        return ProcessedVideo(clip, patches, grid, group_times, per_group)
+
+    def preprocess(self, clip: VideoClip) -> ProcessedVideo:
+        """``patchify(resize(clip))``: sample, resize and patchify ``clip``."""
+        return self.patchify(self.resize(clip))
