@@ -16,7 +16,7 @@ else OpenCV reads re-encoded as PNG: a compressed frame is small, so it arrives 
 DDS transport), waits until the node's reader has acknowledged it, publishes the prompt and
 prints the answer that ``response/info`` names as the answer to *this* prompt, then its finish
 reason on stderr.  ``--video`` sends a clip instead: the directory's image files in name order
-(or comma-separated files) as CompressedImages stamped ``1 / fps`` apart and ending now, then
+(or comma-separated files) as CompressedImages sent at ``fps``, stamped ``1 / fps`` apart, then
 the prompt on ``prompt/json`` asking for the seconds they span (``video_s``).  Ctrl-C cancels
 the answer on the node.  Exit status: 0 answered (with the
 image, when one was given), 1 error, timeout, refusal, or an answer produced without the image.
@@ -338,9 +338,9 @@ def _converse_video(client, opts, clip):
     frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
     first_ns = client.get_clock().now().nanoseconds
     stamp_clip(clip, opts.fps, first_ns + round((len(clip) - 1) * 1e9 / opts.fps), frame_id)
-    # Stamped from now on, 1/fps apart: the last stamps lie ahead of the node's clock by at
-    # most the clip's length, so the clip is sent at its own pace (a stamp from the future is
-    # refused), then asked for with the seconds from its first frame to now.
+    # Stamped from now on, 1/fps apart: the last stamps lie ahead of the node's clock by up
+    # to the clip's length, so the clip is sent at its own pace (a stamp from the future is
+    # refused), then asked for with the seconds it spans.
     topic = opts.image_topic or client.topic('image/compressed')
     for msg in clip:
         ahead = (msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
@@ -352,7 +352,8 @@ def _converse_video(client, opts, clip):
                   'subscribes there, or no acknowledgement): is its image topic remapped? '
                   'Pass --image-topic.', file=sys.stderr)
             return 1
-    seconds = (client.get_clock().now().nanoseconds - first_ns) / 1e9 + 0.5 / opts.fps
+    # The node's "last video_s seconds" end at its newest kept frame: our last one.
+    seconds = (len(clip) - 0.5) / opts.fps
     envelope = {'prompt': ' '.join(opts.prompt), 'video_s': round(seconds, 3)}
     if opts.response_format is not None:
         envelope['response_format'] = opts.response_format

@@ -135,6 +135,11 @@ class FrameRing:
         return len(self._frames)
 
     @property
+    def newest_stamp(self):
+        """Stamp (ns) of the newest kept frame, or None when empty."""
+        return self._frames[-1].stamp_ns if self._frames else None
+
+    @property
     def frame_shape(self):
         """Shape of the frames held now (``(h, w, 3)``), or None when empty."""
         return self._frames[-1].rgb.shape if self._frames else None

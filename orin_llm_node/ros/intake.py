@@ -176,19 +176,14 @@ class ImageIntake:
     def take(self, now_ns, max_age_s, video_s=0.0):
         """What each camera gives a prompt arriving at ``now_ns``; (views, synchronised).
 
-        ``video_s`` > 0: each camera's kept frames of the last ``video_s`` seconds.  Else one
+        ``video_s`` > 0: each camera's kept frames of the last ``video_s`` seconds up to the
+        newest frame any camera kept (which must be fresh, ``max_age_s``).  Else one
         frame per camera: the newest approximate-time set if every frame of it is fresh enough,
         otherwise the newest fresh frame of each camera (``synchronised`` False).
         """
         with self._lock:
             if video_s > 0:
-                start = now_ns - round(video_s * 1e9)
-                views = []
-                for camera in self.cameras:
-                    clip = camera.ring.clip(start, now_ns)
-                    views.append(CameraView(camera.name, clip=clip or None, missing='' if clip
-                                            else self._no_clip(camera, video_s)))
-                return views, True
+                return self._clips(now_ns, max_age_s, video_s), True
             newest = [camera.newest for camera in self.cameras]
             synced = self._synced
         if len(self.cameras) > 1 and synced is not None and not any(
@@ -203,19 +198,38 @@ class ImageIntake:
             views.append(CameraView(camera.name, image=None if why else image, missing=why))
         return views, synchronised
 
+    @classmethod
+    def _stale(cls, image, now_ns, max_age_s):
+        return cls._stale_ns(image.stamp_ns, now_ns, max_age_s)
+
     @staticmethod
-    def _stale(image, now_ns, max_age_s):
-        age = (now_ns - image.stamp_ns) / 1e9
+    def _stale_ns(stamp_ns, now_ns, max_age_s):
+        age = (now_ns - stamp_ns) / 1e9
         if age > max_age_s:
             return f'newest image is {age:.1f} s old (> image_max_age_s {max_age_s:g} s)'
         return ''
 
-    def _no_clip(self, camera, video_s):
-        if camera.ring.capacity == 0 or self._processor is None:
-            return 'no video frames are kept (video_buffer_s is 0)'
-        if not len(camera.ring):
-            return 'no frame kept yet'
-        return f'no frame kept in the last {video_s:g} s'
+    def _clips(self, now_ns, max_age_s, video_s):
+        # "The last video_s seconds" end at the newest frame any camera kept, so a clip holds
+        # video_s seconds of frames however late the prompt comes; that frame must be fresh
+        # (image_max_age_s), as a single frame must.  Called under the lock.
+        ends = [c.ring.newest_stamp for c in self.cameras if len(c.ring)]
+        end = max(ends, default=None)
+        stale = end is not None and self._stale_ns(end, now_ns, max_age_s)
+        views = []
+        for camera in self.cameras:
+            clip = [] if end is None or stale else camera.ring.clip(
+                end - round(video_s * 1e9), end)
+            if camera.ring.capacity == 0 or self._processor is None:
+                why = 'no video frames are kept (video_buffer_s is 0)'
+            elif not len(camera.ring):
+                why = 'no frame kept yet'
+            elif stale:
+                why = 'newest kept ' + stale.removeprefix('newest ')
+            else:
+                why = f'no frame kept in the {video_s:g} s up to the newest one'
+            views.append(CameraView(camera.name, clip=clip or None, missing='' if clip else why))
+        return views
 
     def forget(self, pending):
         """Stop pairing ``pending`` with prompts (the worker could not decode it)."""
