@@ -306,7 +306,7 @@ def test_a_clip_with_zero_frames_is_refused(cams):
     finally:
         probe.set_params(video_window_s=0.0)
     assert info['finish_reason'] == 'refused' and info['text'] is None, info
-    assert 'zero frames' in info['error'] and 'front: newest kept image is' in info['error']
+    assert 'zero frames' in info['error'] and 'front: newest kept frame is' in info['error']
     assert '(> image_max_age_s 2 s)' in info['error'], info
     assert [c['video'] for c in info['cameras']] == [None, None]
 

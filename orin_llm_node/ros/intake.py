@@ -120,8 +120,10 @@ class ImageIntake:
     def subscribe(self, mode, processor=None):
         """Open every camera's subscriptions, per ``image_qos`` (``mode``).
 
-        ``processor`` (the engine's ImageProcessor) sizes the frames kept for video; None keeps
-        none.  Measured (bench/image_delivery.py): a best-effort subscription matches every
+        ``processor`` (a frame_ring.FrameSizer of the engine's processors) sizes the frames kept
+        for video; None keeps none.
+
+        Measured (bench/image_delivery.py): a best-effort subscription matches every
         publisher but under Fast DDS gets large frames only if they come over UDP (the node's
         own DDS profile, see dds_profile.py); a reliable one matches only reliable publishers
         and gets every frame from them whatever the transport.  ``auto`` has both: the newest
@@ -200,13 +202,13 @@ class ImageIntake:
 
     @classmethod
     def _stale(cls, image, now_ns, max_age_s):
-        return cls._stale_ns(image.stamp_ns, now_ns, max_age_s)
+        return cls._stale_ns(image.stamp_ns, now_ns, max_age_s, 'newest image')
 
     @staticmethod
-    def _stale_ns(stamp_ns, now_ns, max_age_s):
+    def _stale_ns(stamp_ns, now_ns, max_age_s, what):
         age = (now_ns - stamp_ns) / 1e9
         if age > max_age_s:
-            return f'newest image is {age:.1f} s old (> image_max_age_s {max_age_s:g} s)'
+            return f'{what} is {age:.1f} s old (> image_max_age_s {max_age_s:g} s)'
         return ''
 
     def _clips(self, now_ns, max_age_s, video_s):
@@ -215,7 +217,7 @@ class ImageIntake:
         # (image_max_age_s), as a single frame must.  Called under the lock.
         ends = [c.ring.newest_stamp for c in self.cameras if len(c.ring)]
         end = max(ends, default=None)
-        stale = end is not None and self._stale_ns(end, now_ns, max_age_s)
+        stale = end is not None and self._stale_ns(end, now_ns, max_age_s, 'newest kept frame')
         views = []
         for camera in self.cameras:
             clip = [] if end is None or stale else camera.ring.clip(
@@ -225,7 +227,7 @@ class ImageIntake:
             elif not len(camera.ring):
                 why = 'no frame kept yet'
             elif stale:
-                why = 'newest kept ' + stale.removeprefix('newest ')
+                why = stale
             else:
                 why = f'no frame kept in the {video_s:g} s up to the newest one'
             views.append(CameraView(camera.name, clip=clip or None, missing='' if clip else why))
@@ -253,7 +255,8 @@ class ImageIntake:
         topic = camera.name + ('/compressed' if compressed else '')
         try:
             # Headers only: every check the engine's image processor would make, and the size
-            # of a compressed image from its header (never decoded here).
+            # of a compressed image from its header (decoded here only when due for the video
+            # ring, below).
             (ros_image.check_compressed if compressed else ros_image.check_image)(msg)
             ahead = (stamp - self.node.get_clock().now().nanoseconds) / 1e9
             if ahead > FUTURE_TOLERANCE_S:
