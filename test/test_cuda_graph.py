@@ -8,7 +8,8 @@
 * bf16: the reference drifts from itself after a few dozen tokens, so the check is
   teacher-forced: per-step logits of our bf16 graph decode against transformers fp32 on the
   same tokens must stay within twice the error of transformers' own bf16 run (+0.02);
-* replay after a conversation reset (no re-capture), a prefix-cache turn under graphs.
+* replay after a conversation reset (no re-capture), a prefix-cache turn under graphs;
+* constrained decoding (a new grammar mask every step, in the pick graph) == eager.
 
 Skips without CUDA or CuPy.
 """
@@ -155,6 +156,33 @@ def test_sampled_decode_through_the_graph_equals_eager(engines):
         tokens.append(eng.chat(conv, "Say something.", sampling=sampling).token_ids)
         eng.reset(conv)
     assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_constrained_decode_through_the_graph_equals_eager(engines, temperature):
+    """A grammar's mask, new every step, is applied inside the pick graph: eager's tokens.
+
+    Two schemas in a row (and a regex): one capture for all of them.
+    """
+    _, graph, eager = engines
+    robot = {"type": "object", "properties": {
+        "colour": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer"},
+        "items": {"type": "array", "items": {"type": "string"}, "maxItems": 4}},
+        "required": ["colour", "count", "items"], "additionalProperties": False}
+    formats = [{"type": "json_schema", "schema": robot}, {"type": "json_object"},
+               {"type": "regex", "pattern": r"(left|right), [0-9]{1,3} cm"}]
+    for fmt in formats:
+        sampling = SamplingParams(max_tokens=60, temperature=temperature, seed=3,
+                                  response_format=fmt)
+        results = []
+        for eng in (graph, eager):
+            conv = eng.new_conversation("You are a robot.")
+            results.append(eng.chat(conv, "Where is the box?", sampling=sampling))
+            eng.reset(conv)
+        assert results[0].token_ids == results[1].token_ids, fmt
+        assert results[0].valid == results[1].valid
+        assert results[0].finish_reason in ("stop", "length")
+    assert graph.runner.decode_graph.captures == 1
 
 
 def _prefilled(engine, prompt_len: int = 40):

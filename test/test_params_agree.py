@@ -133,6 +133,8 @@ def test_declared_parameters_match(make_node):
     ('image_topics', ['front', 'front']), ('image_topics', ['front', 'bad name']),
     ('image_topics', ['x'] * 9), ('image_topics', 'image'), ('camera_sync_s', 0.0),
     ('video_fps', 0.0), ('video_buffer_s', -1.0), ('video_window_s', 9.0),
+    ('response_format', 'json'), ('response_format', '[1]'),
+    ('response_format', '{"type": "yaml"}'), ('response_format', '{"type": "regex"}'),
 ])
 def test_bad_values_fail_with_one_line_naming_the_parameter(make_node, name, value):
     with pytest.raises(parameters.ParameterError) as err:
