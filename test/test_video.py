@@ -386,3 +386,28 @@ def test_clip_longer_than_the_context_is_refused_not_raised(tiny_ckpt):
         eng.chat(conv, "What happened?", videos=clip)
     ok = eng.chat(conv, "Hello.", sampling=SamplingParams(max_tokens=2))
     assert ok.finish_reason in ("stop", "length")
+
+
+def test_video_max_pixels_caps_a_clip(tiny_ckpt, ref):
+    # 4 frames of 448x448 are 802816 pixels; a cap of a quarter halves each side.
+    eng = make_engine(tiny_ckpt, video_max_pixels=4 * 224 * 224)
+    clip = moving_clip(61, 4, 448, 448)
+    res = eng.chat(eng.new_conversation(), "What moved?", videos=[clip],
+                   sampling=SamplingParams(max_tokens=6, ignore_eos=True))
+    assert res.prompt_videos[0].size == (224, 224)
+    assert res.prompt_token_ids.count(ref.video_token_id) == 2 * 7 * 7
+    assert_cold(ref, res, 6)
+    assert VideoProcessor().capped(10**12).max_pixels == VideoProcessor().max_pixels
+    with pytest.raises(ValueError, match="video_max_pixels"):
+        EngineConfig(model_path=tiny_ckpt, video_max_pixels=0)
+
+
+def test_warmup_prepares_the_clip_grid(tiny_ckpt):
+    eng = make_engine(tiny_ckpt)
+    tower = eng.model.visual
+    eng.warmup(image_sizes=[], video_sizes=[(5, 72, 100)])  # 3 groups of 64x96
+    assert len(tower._grids) == 1
+    res = eng.chat(eng.new_conversation(), "Hi", videos=[moving_clip(71, 5, 72, 100)],
+                   sampling=SamplingParams(max_tokens=1))
+    assert res.finish_reason in ("stop", "length")
+    assert len(tower._grids) == 1, "the clip's grid was prepared by the warm-up"

@@ -80,6 +80,9 @@ class EngineConfig:
     # that never raises the checkpoint's own, the minimum replaces the checkpoint's.
     image_max_pixels: int | None = None
     image_min_pixels: int | None = None
+    # Cost cap on a video clip's pixels (frames x height x width, the reference's clip-level
+    # bound): lowers the checkpoint's maximum, never raises it (VideoProcessor.capped).
+    video_max_pixels: int | None = None
     vision_cache_mb: float = 64.0
     block_order_seed: int | None = None
     quantization: str = "none"
@@ -110,7 +113,7 @@ class EngineConfig:
             )
         if self.vision_cache_mb < 0:
             raise ValueError(f"vision_cache_mb must be >= 0, got {self.vision_cache_mb!r}")
-        for name in ("image_max_pixels", "image_min_pixels"):
+        for name in ("image_max_pixels", "image_min_pixels", "video_max_pixels"):
             _positive_int(name, getattr(self, name), allow_none=True)
         if (
             self.image_max_pixels is not None

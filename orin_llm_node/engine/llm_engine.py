@@ -118,7 +118,8 @@ class LLMEngine:
         self.prompts = PromptBuilder(
             ChatTemplate.from_pretrained(path), self.tokenizer, image_processor,
             mcfg.image_token_id, mcfg.vision.spatial_merge_size,
-            VideoProcessor.from_pretrained(path), mcfg.video_token_id,
+            VideoProcessor.from_pretrained(path).capped(config.video_max_pixels),
+            mcfg.video_token_id,
         )
         num_blocks = plan_num_blocks(config, mcfg.text, self.dtype, self.device)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
@@ -171,36 +172,42 @@ class LLMEngine:
         self._conversations[conv.id] = conv
         return conv
 
-    def warmup(self, image_sizes=None) -> float:
+    def warmup(self, image_sizes=None, video_sizes=()) -> float:
         """Do at start-up what would otherwise stall the first prompts; returns the seconds.
 
         Runs the vision tower once per distinct patch grid of ``image_sizes`` (``(height,
         width)`` of the camera frames, default ``COMMON_FRAME_SIZES``; each is resized as a
-        real frame would be, within ``image_max_pixels``), which keeps the grid's position
-        embeddings and rotary and, on a GPU, loads the tower's kernels for that shape; then
-        captures the bucketed prefill graphs (CUDA only), and indexes the vocabulary for
-        constrained decoding when llguidance is installed (1-3 s at 151,936 tokens). Call it
-        on the thread that will run the engine; nothing is added to the vision or prefix
-        caches.
+        real frame would be, within ``image_max_pixels``) and of ``video_sizes`` (``(frames,
+        height, width)`` of the clips to come, after sampling at the model's fps; sized as a
+        real clip, within ``video_max_pixels``), which keeps the grid's position embeddings
+        and rotary and, on a GPU, loads the tower's kernels for that shape; then captures the
+        bucketed prefill graphs (CUDA only), and indexes the vocabulary for constrained
+        decoding when llguidance is installed (1-3 s at 151,936 tokens). Call it on the thread
+        that will run the engine; nothing is added to the vision or prefix caches.
         """
         if image_sizes is None:
             image_sizes = COMMON_FRAME_SIZES
         t0 = time.perf_counter()
-        processor = self.prompts.image_processor
+        processor, video = self.prompts.image_processor, self.prompts.video_processor
         # The grid follows from the size alone (no frame is built, resized or patched): the
         # tower runs once per distinct grid on zero patches, its values do not matter.
         p, t = processor.patch_size, processor.temporal_patch_size
         grids = {(1, h // p, w // p) for h, w in
                  (processor.target_size(int(h), int(w)) for h, w in image_sizes)}
+        for n, height, width in video_sizes:
+            h, w = video.target_size(int(n), int(height), int(width))
+            grids.add((-(-int(n) // video.temporal_patch_size), h // video.patch_size,
+                       w // video.patch_size))
         for grid in grids:
-            self.runner.encode_image(torch.zeros(grid[1] * grid[2], 3 * t * p * p), grid)
+            self.runner.encode_image(
+                torch.zeros(grid[0] * grid[1] * grid[2], 3 * t * p * p), grid)
         self.runner.capture_prefill_graphs()
         if structured_available():
             self._index_vocabulary()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
-        log.info("warm-up: %d image grid(s) %s, prefill graphs %s, %.2f s", len(grids),
+        log.info("warm-up: %d vision grid(s) %s, prefill graphs %s, %.2f s", len(grids),
                  sorted(grids), "captured" if self.runner.prefill_graphs else "off", seconds)
         return seconds
 
@@ -249,10 +256,14 @@ class LLMEngine:
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
-        parts = list(text) if isinstance(text, (list, tuple)) else [text]
-        for part in parts:
-            if isinstance(part, str):
-                _check_text(part)
+        if isinstance(text, (list, tuple)):  # interleaved parts: text, images, clips
+            parts = list(text)
+            for part in parts:
+                if isinstance(part, str):
+                    _check_text("text", part)
+        else:
+            _check_text("text", text)
+            parts = [text]
         if isinstance(images, np.ndarray):
             raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
                              "array (pass [image])")
@@ -419,12 +430,14 @@ class LLMEngine:
             state.result.parsed = parse_answer(state.response_format, text) if valid else None
 
 
-def _check_text(text: str) -> None:
-    # ValueError unless ``text`` encodes to UTF-8 (no lone surrogates).
+def _check_text(what: str, text) -> None:
+    # ValueError unless ``text`` is a str that encodes to UTF-8 (no lone surrogates).
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a str, got {type(text).__name__}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"text is not valid Unicode: lone surrogate {text[exc.start]!r} "
+        raise ValueError(f"{what} is not valid Unicode: lone surrogate {text[exc.start]!r} "
                          f"at index {exc.start}") from None
 
 

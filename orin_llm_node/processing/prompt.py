@@ -88,9 +88,9 @@ class PromptPiece:
     """Tokens of the system prompt or of one new user message, with the media inside them.
 
     ``media``: (offset of the item's first pad token in ``token_ids``, ``ImageRef`` or
-    ``VideoRef``), in prompt order; ``pixel_values``: the patches computed while building the
-    piece, by media key (the piece's own prefill uses them; later re-prefills take the vision
-    cache or ``PromptBuilder.pixel_values``).
+    ``VideoRef``), in prompt order; ``pixel_values``: the image patches computed while building
+    the piece, by image key (the piece's own prefill uses them; later re-prefills, and clips,
+    take the vision cache or ``PromptBuilder.pixel_values``).
     """
 
     messages: list[dict]

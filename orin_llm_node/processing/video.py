@@ -23,7 +23,7 @@ The clip keeps only what a re-prefill needs: the sampled frames at the size the 
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import hashlib
 import json
 import math
@@ -244,6 +244,16 @@ class VideoProcessor:
             cap_pixels_per_frame=bool(cfg.get("cap_pixels_per_frame") or False),
             max_video_tokens=int(cfg.get("max_video_tokens", d.max_video_tokens)),
         )
+
+    def capped(self, max_pixels: int | None = None) -> "VideoProcessor":
+        """A copy whose clip pixel maximum is lowered to ``max_pixels`` (never raised).
+
+        The minimum follows it down where it would exceed it; None keeps the bounds.
+        """
+        if max_pixels is None:
+            return self
+        hi = min(int(max_pixels), self.max_pixels)
+        return replace(self, max_pixels=hi, min_pixels=min(self.min_pixels, hi))
 
     def sample_indices(self, timestamps: Sequence[float]) -> np.ndarray:
         """Indices of the frames the reference samples from a clip with these timestamps.
