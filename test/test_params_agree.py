@@ -133,6 +133,7 @@ def test_declared_parameters_match(make_node):
     ('image_topics', ['front', 'front']), ('image_topics', ['front', 'bad name']),
     ('image_topics', ['x'] * 9), ('image_topics', 'image'), ('camera_sync_s', 0.0),
     ('video_fps', 0.0), ('video_buffer_s', -1.0), ('video_window_s', 9.0),
+    ('video_max_pixels', -1),
     ('response_format', 'json'), ('response_format', '[1]'),
     ('response_format', '{"type": "yaml"}'), ('response_format', '{"type": "regex"}'),
 ])

@@ -147,6 +147,9 @@ PARAMETERS = (
           _float_in(0.0, 30.0, low_open=True), constraints='(0, 30]'),
     Param('video_buffer_s', 8.0, 'seconds of frames each camera keeps, at video_fps and the '
           "model's image size (0 = no video)", _float_in(0.0, 60.0), constraints='[0, 60]'),
+    Param('video_max_pixels', 0, "a clip's pixels (frames x height x width) at most this many; "
+          "never above the checkpoint's own maximum (0 = checkpoint default)",
+          constraints='>= 0'),
     Param('video_window_s', 0.0, 'plain prompts get a clip of the last this many seconds of each '
           'camera instead of one frame (0 = off; the prompt/json envelope asks with video_s)',
           _float_in(0.0, 60.0), runtime=True, constraints='[0, video_buffer_s]'),
@@ -221,7 +224,8 @@ def engine_config(values, model_path):
         max_model_len=values['max_model_len'], enable_prefix_cache=values['enable_prefix_cache'],
         enable_cuda_graph=values['enable_cuda_graph'],
         image_max_pixels=values['image_max_pixels'] or None,
-        image_min_pixels=values['image_min_pixels'] or None)
+        image_min_pixels=values['image_min_pixels'] or None,
+        video_max_pixels=values['video_max_pixels'] or None)
 
 
 def sampling_params(values):
