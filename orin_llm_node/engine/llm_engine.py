@@ -124,7 +124,8 @@ class LLMEngine:
         num_blocks = plan_num_blocks(config, mcfg.text, self.dtype, self.device)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
                                   config.max_model_len, self.device, self.dtype,
-                                  enable_cuda_graph=config.enable_cuda_graph)
+                                  enable_cuda_graph=config.enable_cuda_graph,
+                                  attention_backend=config.attention_backend)
         self.pool = BlockPool(num_blocks, config.block_size, self.runner.bytes_per_block,
                               config.block_order_seed)
         self.kv = KVCacheManager(self.pool, config.max_model_len, config.enable_prefix_cache)
@@ -151,6 +152,16 @@ class LLMEngine:
     def uses_cuda_graph(self) -> bool:
         """Whether decode steps replay a captured CUDA graph (not merely enabled)."""
         return self.runner.cuda_graph_active
+
+    @property
+    def attention_backend(self) -> str:
+        """Which attention runs: ``cuda`` (the CuPy kernels) or ``torch``."""
+        return self.runner.attn.name
+
+    @property
+    def backend_fallback_reason(self) -> str | None:
+        """Why ``attention_backend: auto`` runs torch on a CUDA device (None: no fallback)."""
+        return self.runner.backend_fallback_reason
 
     @property
     def weight_format(self) -> str:
