@@ -18,7 +18,8 @@ SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}},
 def test_a_full_envelope_is_taken_as_it_is():
     env = {"prompt": "What colour?", "response_format": {"type": "json_schema",
                                                           "schema": SCHEMA},
-           "max_new_tokens": 64, "temperature": 0.0, "conversation": "new", "tag": "t-1"}
+           "max_new_tokens": 64, "temperature": 0.0, "conversation": "new", "tag": "t-1",
+           "video_s": 4}
     assert parse_envelope(json.dumps(env)) == env
     assert parse_envelope('{"prompt": "hi"}') == {"prompt": "hi"}
     assert set(KEYS) == set(env)  # the table lists every key the README documents
@@ -41,6 +42,8 @@ def test_a_full_envelope_is_taken_as_it_is():
     ('{"prompt": "x", "temperature": "hot"}', "temperature must be a number", None),
     ('{"prompt": "x", "conversation": "old"}', "conversation must be one of 'new'", None),
     ('{"prompt": "x", "tag": 7}', "tag must be a string", None),
+    ('{"prompt": "x", "video_s": -1}', "video_s must be >= 0", None),
+    ('{"prompt": "x", "video_s": "4"}', "video_s must be a number", None),
     ('{"prompt": "x", "response_format": "json"}', "response_format must be an object", None),
     ('{"prompt": "x", "response_format": {"type": "yaml"}}', "response_format.type must be",
      None),

@@ -7,6 +7,7 @@
     orin_llm_chat -n /robot1/orin_llm --timeout 120 "Is the path clear?"
     orin_llm_chat --image shelf.jpg --schema box.schema.json "Which box should I pick up?"
     orin_llm_chat --json "List the objects you see."
+    orin_llm_chat --video frames/ --fps 2 "Which way did the person go?"
 
 The on-robot counterpart of ``ros2 topic pub --once .../prompt`` + ``ros2 topic echo
 .../response``: waits for the node's latched ``ready``, sends the image as a
@@ -14,7 +15,10 @@ The on-robot counterpart of ``ros2 topic pub --once .../prompt`` + ``ros2 topic 
 else OpenCV reads re-encoded as PNG: a compressed frame is small, so it arrives whatever the
 DDS transport), waits until the node's reader has acknowledged it, publishes the prompt and
 prints the answer that ``response/info`` names as the answer to *this* prompt, then its finish
-reason on stderr.  Ctrl-C cancels the answer on the node.  Exit status: 0 answered (with the
+reason on stderr.  ``--video`` sends a clip instead: the directory's image files in name order
+(or comma-separated files) as CompressedImages sent at ``fps``, stamped ``1 / fps`` apart, then
+the prompt on ``prompt/json`` asking for the seconds they span (``video_s``).  Ctrl-C cancels
+the answer on the node.  Exit status: 0 answered (with the
 image, when one was given), 1 error, timeout, refusal, or an answer produced without the image.
 
 ``--schema FILE`` (a JSON Schema) / ``--json`` (any JSON object) send the question as a
@@ -223,6 +227,41 @@ def image_message(path):
     return msg
 
 
+VIDEO_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp', '.ppm', '.pgm')
+
+
+def video_files(spec):
+    """The frame files of ``--video``: a directory's images in name order, or "a,b,c" files."""
+    path = Path(spec)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
+        if not files:
+            raise ValueError(f'{spec}: no image files ({", ".join(VIDEO_SUFFIXES)})')
+        return files
+    return [Path(p) for p in spec.split(',') if p]
+
+
+def stamp_clip(msgs, fps, end_ns, frame_id):
+    """Stamp ``msgs`` ``1 / fps`` apart, the last at ``end_ns``; all with ``frame_id``."""
+    from builtin_interfaces.msg import Time
+    period = round(1e9 / fps)
+    for k, msg in enumerate(msgs):
+        t = end_ns - (len(msgs) - 1 - k) * period
+        msg.header.stamp = Time(sec=t // 1_000_000_000, nanosec=t % 1_000_000_000)
+        msg.header.frame_id = frame_id
+    return msgs
+
+
+def _video_verdict(info, frame_id):
+    """None when ``info`` says the answer used our clip, else why it did without it."""
+    cameras = info.get('cameras') or []
+    if any(c.get('video') and c['video'].get('frames') for c in cameras):
+        return None
+    reasons = '; '.join(f"{c.get('name')}: {c.get('missing')}" for c in cameras
+                        if c.get('missing'))
+    return reasons or f'the node paired no clip ({frame_id}) with the prompt'
+
+
 def _image_verdict(info, msg):
     """None when ``info`` says our image was paired, else why the answer did without it."""
     image = info.get('image')
@@ -244,6 +283,11 @@ def main(args=None):
                         help='CompressedImage topic the node reads (default: '
                              '<namespace>/image/compressed; with the launch file\'s '
                              'image_topic:=T, T/compressed)')
+    parser.add_argument('--video', metavar='DIR_OR_FILES',
+                        help='send a clip: a directory of frames (name order) or '
+                             'comma-separated frame files; the prompt asks for its seconds')
+    parser.add_argument('--fps', type=float, default=2.0,
+                        help='frames per second of --video (default 2)')
     parser.add_argument('--timeout', type=float, default=300.0,
                         help='seconds to wait for the node and for the answer (default 300)')
     fmt = parser.add_mutually_exclusive_group()
@@ -254,11 +298,17 @@ def main(args=None):
     argv = sys.argv[1:] if args is None else list(args)
     ros_args = remove_ros_args(['orin_llm_chat'] + argv)[1:]
     opts = parser.parse_args(ros_args)
-    image = None
+    image = clip = None
+    if opts.image and opts.video:
+        parser.error('--image and --video exclude each other')
+    if not opts.fps > 0:
+        parser.error(f'--fps must be > 0, got {opts.fps:g}')
     try:
         opts.response_format = _response_format(opts)
         if opts.image:
             image = image_message(opts.image)
+        if opts.video:
+            clip = [image_message(path) for path in video_files(opts.video)]
     except (OSError, ValueError) as exc:
         print(f'orin_llm_chat: {exc}', file=sys.stderr)
         return 1
@@ -267,6 +317,8 @@ def main(args=None):
     client = LLMClient(opts.namespace)
     client.on_error = lambda e: print(f'[node error] {e}', file=sys.stderr, flush=True)
     try:
+        if clip is not None:
+            return _converse_video(client, opts, clip)
         return _converse(client, opts, image)
     except KeyboardInterrupt:
         if rclpy.ok(context=client.context):
@@ -276,6 +328,54 @@ def main(args=None):
     finally:
         client.destroy_node()
         rclpy.try_shutdown()
+
+
+def _converse_video(client, opts, clip):
+    if not client.wait_ready(opts.timeout):
+        print(f'orin_llm_chat: no ready node under {opts.namespace} after {opts.timeout:g} s'
+              ' (is it running? same ROS_DOMAIN_ID?)', file=sys.stderr)
+        return 1
+    frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
+    first_ns = client.get_clock().now().nanoseconds
+    stamp_clip(clip, opts.fps, first_ns + round((len(clip) - 1) * 1e9 / opts.fps), frame_id)
+    # Stamped from now on, 1/fps apart: the last stamps lie ahead of the node's clock by up
+    # to the clip's length, so the clip is sent at its own pace (a stamp from the future is
+    # refused), then asked for with the seconds it spans.
+    topic = opts.image_topic or client.topic('image/compressed')
+    for msg in clip:
+        ahead = (msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+                 - client.get_clock().now().nanoseconds) / 1e9
+        if ahead > 0:
+            client.spin_until(lambda: False, ahead)
+        if not client.send_image(msg, topic):
+            print(f'orin_llm_chat: the node did not take the frames on {topic} (nothing '
+                  'subscribes there, or no acknowledgement): is its image topic remapped? '
+                  'Pass --image-topic.', file=sys.stderr)
+            return 1
+    # The node's "last video_s seconds" end at its newest kept frame: our last one.
+    seconds = (len(clip) - 0.5) / opts.fps
+    envelope = {'prompt': ' '.join(opts.prompt), 'video_s': round(seconds, 3)}
+    if opts.response_format is not None:
+        envelope['response_format'] = opts.response_format
+    info = client.ask_envelope(envelope, opts.timeout)
+    if info is None:
+        print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
+        return 1
+    if info.get('text') is None:
+        print(f"orin_llm_chat: prompt refused (request {info.get('request_id')}): "
+              f"{info.get('error')}", file=sys.stderr)
+        return 1
+    print(info['text'])
+    video = info.get('video') or {}
+    print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
+          f"{info.get('generated_tokens')} tokens, ttft {info.get('ttft_ms')} ms, clip "
+          f"span {video.get('span_s')} s]", file=sys.stderr)
+    why = _video_verdict(info, frame_id)
+    if why is not None:
+        print(f'orin_llm_chat: the answer above was produced WITHOUT your clip: {why}',
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def _converse(client, opts, image):

@@ -24,7 +24,7 @@ from orin_llm_node.ros import parameters
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
 from orin_llm_node.ros.intake import ImageIntake, Request
 from orin_llm_node.ros.request_envelope import EnvelopeError, parse_envelope
-from orin_llm_node.ros.worker import Worker, preview
+from orin_llm_node.ros.worker import Worker, cameras_info, preview
 
 NODE_NAME = 'orin_llm'
 # Deep enough that DDS never drops a prompt while the executor is busy: every prompt reaches
@@ -158,11 +158,14 @@ class OrinLLMNode(LifecycleNode):
 
     # ---- prompts and services (executor) ---------------------------------------------------
 
-    def _refuse(self, request_id, text, reason, tag=None):
-        """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered."""
+    def _refuse(self, request_id, text, reason, tag=None, extra=None):
+        """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered.
+
+        ``extra``: more ``response/info`` fields (what the cameras gave, for a clip refused).
+        """
         self.publish_error(f'request {request_id}: {reason}')
         info = {'request_id': request_id, 'prompt': text, 'text': None,
-                'image': None, 'finish_reason': 'refused', 'error': reason}
+                'image': None, **(extra or {}), 'finish_reason': 'refused', 'error': reason}
         if tag is not None:
             info['tag'] = tag
         self.publish_info(info)
@@ -188,6 +191,11 @@ class OrinLLMNode(LifecycleNode):
         self._enqueue(request_id, envelope.pop('prompt'), envelope)
 
     def _enqueue(self, request_id, text, envelope=None):
+        """Check a prompt, pair it with the cameras' frames (or clips) and queue it.
+
+        ``envelope``: the checked keys of a ``prompt/json`` request; its ``video_s`` asks for
+        a clip (plain prompts: the ``video_window_s`` parameter).
+        """
         tag = (envelope or {}).get('tag')
         if not text.strip():
             self._refuse(request_id, text, 'empty prompt ignored', tag)
@@ -200,13 +208,24 @@ class OrinLLMNode(LifecycleNode):
         if state != 'ready':
             self._refuse(request_id, text, f'node is {state}: activate it to take prompts', tag)
             return
+        video_s = (envelope or {}).get('video_s', self.runtime('video_window_s'))
+        if video_s > self.params['video_buffer_s']:
+            self._refuse(request_id, text, f'a clip of {video_s:g} s asked for, but each camera '
+                         f"keeps {self.params['video_buffer_s']:g} s (video_buffer_s)", tag)
+            return
         now = self.get_clock().now().nanoseconds
-        image, no_image = self.intake.take(now, self.params['image_max_age_s'])
-        if no_image:
-            self.get_logger().info(f'{no_image}: the prompt is answered text-only')
+        views, synchronised = self.intake.take(now, self.params['image_max_age_s'], video_s)
+        request = Request(request_id, text, views, now, synchronised, video_s, envelope)
+        missing = '; '.join(f'{v.name}: {v.missing}' for v in views if v.missing)
+        if video_s > 0 and all(v.missing for v in views):
+            self._refuse(request_id, text, f'a clip of the last {video_s:g} s has zero frames '
+                         f'({missing})', tag, cameras_info(request))
+            return
+        if missing:
+            self.get_logger().info(f'{missing}: the prompt is answered without '
+                                   + ('these cameras' if len(views) > 1 else 'an image'))
         capacity = self.params['queue_size']
-        dropped = self.worker.submit(Request(request_id, text, image, now, no_image, envelope),
-                                     capacity)
+        dropped = self.worker.submit(request, capacity)
         self.info.update(queue_depth=self.worker.queue_depth())
         if dropped is not None:
             self.info.add(dropped_prompts=1)
@@ -282,7 +301,7 @@ class OrinLLMNode(LifecycleNode):
 
     def on_activate(self, state):
         """Open the image subscriptions and the services; ``ready`` turns true."""
-        self.intake.subscribe(self.params['image_qos'])
+        self.intake.subscribe(self.params['image_qos'], self.worker.frame_processor())
         self._open_services = [self.create_service(Trigger, 'reset', self._on_reset),
                                self.create_service(Trigger, 'cancel', self._on_cancel)]
         self.info.update(state='ready', detail='')

@@ -3,7 +3,8 @@
 """The request envelope of the ``prompt/json`` topic: one JSON object per request.
 
 ``{"prompt": "...", "response_format": {...}, "max_new_tokens": 64, "temperature": 0.0,
-"conversation": "new" | "continue", "tag": "client-chosen id"}``: only ``prompt`` is required.
+"conversation": "new" | "continue", "tag": "client-chosen id", "video_s": 4}``: only
+``prompt`` is required.
 :data:`KEYS` is the one table of what an envelope may hold (a new key is one row there, plus
 what the worker does with it); :func:`parse_envelope` checks a message against it and raises
 :class:`EnvelopeError` with the reason (and the ``tag``, when one could be read, so that the
@@ -81,6 +82,8 @@ KEYS = {
     'conversation': Key(_choice('new', 'continue'), "'new' forgets the history first; "
                         "'continue' (default) answers in the current conversation"),
     'tag': Key(_text, 'client-chosen id, echoed in response/info'),
+    'video_s': Key(_non_negative, "a clip of each camera's last this many seconds instead of "
+                   'one frame (0: one frame; overrides video_window_s; at most video_buffer_s)'),
 }
 
 
