@@ -3,8 +3,14 @@
 """The Jetson power state (jetson_power.py) against fake sysfs trees, and its diagnostics."""
 
 from orin_llm_node.jetson_power import read_power_state
-from orin_llm_node.ros.diagnostics import (OK, WARN, DiagnosticsMonitor, GenerationInfo,
-                                           level_of, platform_status)
+from orin_llm_node.ros.diagnostics import (
+    OK,
+    WARN,
+    DiagnosticsMonitor,
+    GenerationInfo,
+    level_of,
+    platform_status,
+)
 
 NVPMODEL_CONF = """
 < PARAM TYPE=FILE NAME=CPU_ONLINE >
@@ -36,7 +42,8 @@ def agx_orin(root, mode=0, locked=True, gpu_node='17000000.gpu', temps=(45500, 5
     cpu = 'sys/devices/system/cpu/cpu0/cpufreq'
     write(root, f'{cpu}/scaling_min_freq', '2201600\n')
     write(root, f'{cpu}/scaling_max_freq', '2201600\n')
-    for i, (name, milli) in enumerate(zip(('cpu-thermal', 'tj-thermal', 'dead'), temps)):
+    names = ('cpu-thermal', 'tj-thermal', 'dead')
+    for i, (name, milli) in enumerate(zip(names, temps, strict=True)):
         write(root, f'sys/class/thermal/thermal_zone{i}/type', name + '\n')
         write(root, f'sys/class/thermal/thermal_zone{i}/temp', f'{milli}\n')
     return root

@@ -101,7 +101,7 @@ def test_every_transition(wide_ckpt, tmp_path, capsys):
 
 
 def test_configure_refuses_a_model_that_cannot_fit(tiny_ckpt, tmp_path):
-    """configure fails with the memory plan's line and the node stays unconfigured."""
+    """A configure fails with the memory plan's line and the node stays unconfigured."""
     ns = '/llm_lifecycle_no_fit'
     proc = start_node(tiny_ckpt, ns, tmp_path, 'max_model_len:=4000000000', managed=True)
     probe = Probe(ns)

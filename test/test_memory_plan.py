@@ -11,14 +11,12 @@ configured (two ``max_model_len`` conversations), not half the RAM; an 8 GB boar
 import shutil
 from types import SimpleNamespace
 
+from conftest import REPO
 import pytest
 import torch
 
-from orin_llm_node.engine import EngineConfig, LLMEngine
-from orin_llm_node.engine import llm_engine, memory_plan
+from orin_llm_node.engine import EngineConfig, LLMEngine, llm_engine, memory_plan
 from orin_llm_node.engine.memory_plan import KV_CONVERSATIONS, MemoryPlanError, plan_memory
-
-from conftest import REPO
 
 CONFIGS = REPO / 'test' / 'data' / 'qwen3_vl_configs'
 #: MemAvailable on a freshly booted JetPack 6 board (desktop off): what the process may take.
