@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from conftest import REPO
+import pytest
 
 
 def run_check(tmp_path, *overrides):
@@ -49,3 +50,13 @@ def test_a_bad_parameter_is_one_line(tmp_path):
 
 def test_console_script_is_declared():
     assert "orin_llm_check = {PACKAGE}.check:main" in (REPO / 'setup.py').read_text()
+
+
+def test_cuda_asked_for_on_a_cpu_is_a_failure_with_the_fix(tiny_ckpt, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip('CUDA is available here')
+    proc, report = run_check(tmp_path, f'model_path:={tiny_ckpt}', 'device:=cuda')
+    assert proc.returncode == 1
+    row = report['checks'][0]
+    assert row['name'] == 'device' and row['status'] == 'fail' and 'device:=cpu' in row['fix']
