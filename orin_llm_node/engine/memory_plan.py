@@ -29,7 +29,7 @@ the dense layer a quantized prefill dequantizes into, logits, cuBLAS workspace a
 pools (CUDA only), the vision cache and a fixed headroom for the allocator and the Python heap.
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 import math
 from pathlib import Path
 
@@ -38,6 +38,7 @@ import torch
 from orin_llm_node.quantization import model_weight_bytes
 
 from .config import EngineConfig
+from .prefill_graph import DEFAULT_BUCKETS
 
 __all__ = ["KV_CONVERSATIONS", "MemoryPlan", "MemoryPlanError", "available_memory",
            "plan_memory"]
@@ -193,7 +194,7 @@ def _scratch(mcfg, itemsize: int, max_model_len: int, image_max_pixels: int,
         scratch["quantized_prefill_layer"] = largest * itemsize
     if cuda:
         scratch["cublas_workspace"] = CUBLAS_WORKSPACE
-        scratch["cuda_graph_pools"] = GRAPH_POOL_BASE + 128 * per_token
+        scratch["cuda_graph_pools"] = GRAPH_POOL_BASE + max(DEFAULT_BUCKETS) * per_token
     return scratch
 
 
@@ -272,8 +273,6 @@ def plan_memory(cfg: EngineConfig, device: torch.device | None = None,
 
 def _with_advice(plan: MemoryPlan, cfg: EngineConfig, dtype, mcfg, scratch_for) -> MemoryPlan:
     """``plan`` refused, with the settings that would fit (each alone)."""
-    from dataclasses import replace
-
     from orin_llm_node.models import ModelLoadError
 
     per_token = plan.kv_bytes_per_token
