@@ -16,7 +16,7 @@ def run_check(tmp_path, *overrides):
            str(REPO / 'config/orin_llm.yaml'), '--json', str(out)]
     for o in overrides:
         cmd += ['-p', o]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     return proc, json.loads(out.read_text()) if out.is_file() else None
 
 
