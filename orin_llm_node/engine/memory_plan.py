@@ -273,7 +273,7 @@ def plan_memory(cfg: EngineConfig, device: torch.device | None = None,
 
 def _with_advice(plan: MemoryPlan, cfg: EngineConfig, dtype, mcfg, scratch_for) -> MemoryPlan:
     """``plan`` refused, with the settings that would fit (each alone)."""
-    from orin_llm_node.models import ModelLoadError
+    from orin_llm_node.errors import ModelLoadError
 
     per_token = plan.kv_bytes_per_token
     advice = []

@@ -24,10 +24,12 @@ from safetensors import safe_open
 import torch
 from torch import nn
 
+from orin_llm_node.errors import ModelLoadError
 from orin_llm_node.layers import LinearBase
+from orin_llm_node.quantization.checkpoint import plan_quantization
 from orin_llm_node.quantization.linear_method import quant_part, quantize_module
 
-from .config import ModelLoadError, Qwen3VLConfig, load_config
+from .config import Qwen3VLConfig, load_config
 from .qwen3_vl import Qwen3VLForCausalLM
 from .qwen3_vl_text import PACKED_MODULES
 
@@ -209,9 +211,6 @@ def _quantized_modules(model_dir: Path, plan, linears: dict[str, str]) -> dict:
 def _plan(model_dir: Path, cfg: Qwen3VLConfig, keys: list[str], linears: dict[str, str],
           quantization: str):
     """The quantization plan and our module -> LayerQuant map (empty for a float model)."""
-    # Imported here: quantization.checkpoint itself imports this package's config module.
-    from orin_llm_node.quantization.checkpoint import plan_quantization
-
     plan = plan_quantization(model_dir, cfg.quantization_config, keys, linears, quantization)
     quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
     if "lm_head" in quantized and cfg.tie_word_embeddings:
