@@ -147,7 +147,11 @@ def _kernels(device):
     return rows
 
 
-def _fused(device):
+def _fused(device, launcher=None):
+    """Each fused kernel against its torch body at small shapes.
+
+    ``launcher(dtype name) -> launch`` replaces the CuPy build (tests: the CPU kernel emulator).
+    """
     import torch
 
     from orin_llm_node.cuda_ops import FusedOps
@@ -155,7 +159,7 @@ def _fused(device):
     from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm
     from orin_llm_node.quantization import AT_LOAD_FORMATS
 
-    why = _cuda_usable(device)
+    why = _cuda_usable(device) if launcher is None else None
     if why:
         return [Check('fused kernels', SKIP, why)]
     rows = []
@@ -164,7 +168,8 @@ def _fused(device):
         # Half precision: a few units in the last place of bf16; fp32: summation order only.
         tol = ({'atol': 2e-2, 'rtol': 2e-2} if dtype != torch.float32
                else {'atol': 1e-4, 'rtol': 1e-4})
-        ops = FusedOps(dtype, 128, device)
+        name = str(dtype).replace('torch.', '')
+        ops = FusedOps(dtype, 128, device, launch=launcher(name) if launcher else None)
         x, res = (torch.randn(5, 1024, generator=gen).to(device, dtype) for _ in range(2))
         w = torch.randn(1024, generator=gen).to(device, dtype)
         gate_up = torch.randn(5, 2048, generator=gen).to(device, dtype)
@@ -178,8 +183,8 @@ def _fused(device):
             layer.quantize_from(torch.randn(256, 1024, generator=gen).to(device) / 32)
             cases[f'quant_linear {fmt}'] = (ops.quant_linear(layer, x[:1]),
                                             layer.torch_forward(x[:1]))
-        for name, (got, want) in cases.items():
-            label = f"{name} {str(dtype).replace('torch.', '')}"
+        for case, (got, want) in cases.items():
+            label = f'{case} {name}'
             try:
                 torch.testing.assert_close(got, want, **tol)
                 rows.append(Check(label, PASS, 'equals the torch body'))

@@ -60,3 +60,21 @@ def test_cuda_asked_for_on_a_cpu_is_a_failure_with_the_fix(tiny_ckpt, tmp_path):
     assert proc.returncode == 1
     row = report['checks'][0]
     assert row['name'] == 'device' and row['status'] == 'fail' and 'device:=cpu' in row['fix']
+
+
+def test_fused_kernel_checks_pass_on_the_cpu_kernel_emulator():
+    """The GPU-only rows, run here: the kernels emulated on the CPU (test/kernel_emulator.py)."""
+    import kernel_emulator
+    import torch
+
+    from orin_llm_node import check
+
+    if not kernel_emulator.compiler_available():
+        pytest.skip('no C compiler for the kernel emulator')
+    rows = check._fused(torch.device('cpu'),
+                        launcher=lambda dtype: kernel_emulator.emulated_launch(dtype, 128))
+    names = {r.name for r in rows}
+    assert {'rms_norm bfloat16', 'add_rms_norm float16', 'silu_and_mul float32',
+            'quant_linear int4_asym bfloat16', 'quant_linear fp8 float32'} <= names
+    assert all(r.status == check.PASS for r in rows), [(r.name, r.detail) for r in rows
+                                                       if r.status != check.PASS]
