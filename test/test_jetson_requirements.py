@@ -20,6 +20,7 @@ PROVIDERS = {
     'PIL': ('python3-pil', 'pillow'), 'jinja2': ('python3-jinja2', 'jinja2'),
     'yaml': ('python3-yaml', None), 'tokenizers': (None, 'tokenizers'),
     'safetensors': (None, 'safetensors'), 'cupy': (None, 'cupy-cuda12x'),
+    'llguidance': (None, 'llguidance'),
 }
 JETPACK = {'torch'}
 ROS = {'rclpy', 'builtin_interfaces', 'diagnostic_msgs', 'lifecycle_msgs', 'rcl_interfaces',
