@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from orin_llm_node.models import VisionOutput, load_model
+from orin_llm_node.models.loader import check_stop
 from orin_llm_node.processing import ChatTemplate, ImageProcessor, PromptBuilder, Tokenizer
 from orin_llm_node.quantization import model_weight_bytes
 
@@ -81,13 +82,19 @@ class StreamEvent:
 class LLMEngine:
     """Qwen3-VL on a paged KV cache with a prefix cache across turns."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, should_stop=None):
+        """Load ``config.model_path`` and size the KV pool.
+
+        ``should_stop`` (a callable, e.g. a stop flag's ``is_set``) is asked between shards and
+        tensors; ``LoadInterrupted`` is raised when it answers True.
+        """
         self.config = config
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
         path = config.model_path
         self.model = load_model(path, dtype=self.dtype, device=self.device,
-                                quantization=config.quantization).eval()
+                                quantization=config.quantization,
+                                should_stop=should_stop).eval()
         self._weight_bytes = model_weight_bytes(self.model)
         mcfg = self.model.config
         self.tokenizer = Tokenizer.from_pretrained(path)
@@ -148,7 +155,7 @@ class LLMEngine:
         self._conversations[conv.id] = conv
         return conv
 
-    def warmup(self, image_sizes=None) -> float:
+    def warmup(self, image_sizes=None, should_stop=None) -> float:
         """Do at start-up what would otherwise stall the first prompts; returns the seconds.
 
         Runs the vision tower once per distinct patch grid of ``image_sizes`` (``(height,
@@ -156,7 +163,8 @@ class LLMEngine:
         real frame would be, within ``image_max_pixels``), which keeps the grid's position
         embeddings and rotary and, on a GPU, loads the tower's kernels for that shape; then
         captures the bucketed prefill graphs (CUDA only). Call it on the thread that will run
-        the engine; nothing is added to the vision or prefix caches.
+        the engine; nothing is added to the vision or prefix caches.  ``should_stop`` (a
+        callable) is asked before each step; ``LoadInterrupted`` is raised when it answers True.
         """
         if image_sizes is None:
             image_sizes = COMMON_FRAME_SIZES
@@ -168,7 +176,9 @@ class LLMEngine:
         grids = {(1, h // p, w // p) for h, w in
                  (processor.target_size(int(h), int(w)) for h, w in image_sizes)}
         for grid in grids:
+            check_stop(should_stop, "warming up the vision tower")
             self.runner.encode_image(torch.zeros(grid[1] * grid[2], 3 * t * p * p), grid)
+        check_stop(should_stop, "warming up")
         self.runner.capture_prefill_graphs()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -29,6 +29,10 @@ class ModelLoadError(ValueError):
     """A checkpoint directory cannot be turned into a Qwen3-VL model (one-line reason)."""
 
 
+class LoadInterrupted(Exception):
+    """Loading or warm-up stopped early because the caller's ``should_stop()`` said so."""
+
+
 @dataclass(frozen=True)
 class TextConfig:
     """The language decoder's shape and RoPE settings."""

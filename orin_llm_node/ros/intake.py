@@ -16,6 +16,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 
 from orin_llm_node.ros import ros_image
+from orin_llm_node.ros.refusals import clip
 
 try:                                    # Iron and later
     from rclpy.event_handler import SubscriptionEventCallbacks
@@ -26,6 +27,8 @@ except ImportError:                     # Humble
 BLIND_AFTER_S = 5.0
 # Header stamps further ahead of our clock than this are refused (clock skew, bad drivers).
 FUTURE_TOLERANCE_S = 1.0
+# A frame_id is repeated in response/info cut to this length (it is the sender's text).
+FRAME_ID_CHARS = 128
 
 
 @dataclass
@@ -41,7 +44,8 @@ class PendingImage:
         """The image as named in ``response/info``: its header stamp and frame_id."""
         return {'stamp': {'sec': self.msg.header.stamp.sec,
                           'nanosec': self.msg.header.stamp.nanosec},
-                'frame_id': self.msg.header.frame_id, 'stamped': self.stamped}
+                'frame_id': clip(self.msg.header.frame_id, FRAME_ID_CHARS),
+                'stamped': self.stamped}
 
 
 @dataclass
@@ -63,7 +67,6 @@ class ImageIntake:
         self.subscriptions = []
         self._lock = threading.Lock()
         self._newest = None
-        self._reported = {}             # reason -> last time published (rate limit)
         self._last_frame_at = None      # monotonic time of the last image that arrived
         self._publishers_since = None   # since when a camera publisher has been matched
 
@@ -138,23 +141,15 @@ class ImageIntake:
             ahead = (stamp - self.node.get_clock().now().nanoseconds) / 1e9
             if ahead > FUTURE_TOLERANCE_S:
                 raise ros_image.ImageConversionError(
-                    f'stamp is {ahead:.1f} s in the future (clocks out of sync?)')
+                    f'stamp is {ahead:.1f} s in the future (clocks out of sync?)', 'future')
         except ros_image.ImageConversionError as exc:
             # Refused once, here: the prompts after it are answered text-only.
             with self._lock:
                 self._newest = None
-            self._reject('image/compressed' if compressed else 'image', str(exc))
+            self.node.refuse_image('image/compressed' if compressed else 'image', exc)
             return
         with self._lock:
             self._newest = PendingImage(msg, compressed, stamp, stamped)
-
-    def _reject(self, topic, reason):
-        self.node.info.add(errors=1)
-        # A broken camera sends the same problem 30 times a second: say it once a second.
-        now = time.monotonic()
-        if now - self._reported.get(reason, -math.inf) >= 1.0:
-            self._reported[reason] = now
-            self.node.publish_error(f'image on {topic} rejected: {reason}')
 
     def _frame_arrived(self):
         self._last_frame_at = time.monotonic()

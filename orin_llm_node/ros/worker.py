@@ -16,12 +16,7 @@ import time
 import traceback
 
 from orin_llm_node.ros import model_loading, parameters, ros_image
-
-
-def preview(text, n=60):
-    """``text`` on one line, cut to ``n`` characters."""
-    text = ' '.join(text.split())
-    return text if len(text) <= n else text[:n - 3] + '...'
+from orin_llm_node.ros.refusals import REASON_CHARS, clip, preview
 
 
 class Worker:
@@ -90,9 +85,13 @@ class Worker:
             self._command = command
             self._cond.notify_all()
         while not self._command_done.wait(0.1):
-            if self._stop.is_set():
+            if self._stopping():
                 return False
-        return self._command_ok and not self._stop.is_set()
+        return self._command_ok and not self._stopping()
+
+    def _stopping(self):
+        # The node's flag is set by main's signal handler, before teardown reaches stop().
+        return self._stop.is_set() or self.node.stop_requested.is_set()
 
     def stop(self, timeout_s):
         """Stop the thread (cancelling a generation); True if it has stopped."""
@@ -134,10 +133,10 @@ class Worker:
                     self._answer(request)
             except ValueError as exc:   # the engine's verdict on the input (nothing changed)
                 self.node.info.add(errors=1)
-                self._report_failure(request, f"prompt rejected: {' '.join(str(exc).split())}")
+                self._report_failure(request, f'prompt rejected: {preview(exc, REASON_CHARS)}')
             except Exception as exc:  # noqa: BLE001 - bad input must never kill the node
                 self.node.info.add(errors=1)
-                reason = ' '.join(str(exc).split()) or type(exc).__name__
+                reason = preview(exc, REASON_CHARS) or type(exc).__name__
                 self._report_failure(request, f'request failed: {reason}')
                 self.node.get_logger().debug(traceback.format_exc())
             finally:
@@ -155,8 +154,13 @@ class Worker:
             self.engine = None
             model_loading.release_memory()
             return True
+        from orin_llm_node.models import LoadInterrupted
         try:
-            engine = model_loading.load_engine(self.node.params, self.node.get_logger())
+            engine = model_loading.load_engine(self.node.params, self.node.get_logger(),
+                                               should_stop=self._stopping)
+        except LoadInterrupted as exc:
+            self.load_error = str(exc)
+            return False
         except Exception as exc:  # noqa: BLE001 - any load failure is one fatal line
             self.load_error = ' '.join(str(exc).split()) or type(exc).__name__
             return False
@@ -213,9 +217,9 @@ class Worker:
             return ros_image.image_to_rgb(pending.msg)
         except ros_image.ImageConversionError as exc:
             self.node.intake.forget(pending)    # do not pair it with the next prompt
-            self.node.info.add(errors=1)
-            self.node.publish_error(f'image rejected: {exc}; the prompt is answered text-only')
-            request.no_image = f'image rejected: {exc}'
+            self.node.refuse_image('image/compressed' if pending.compressed else 'image', exc,
+                                   '; the prompt is answered text-only')
+            request.no_image = f'image rejected: {clip(exc, REASON_CHARS)}'
             return None
 
     def _answer(self, request):
