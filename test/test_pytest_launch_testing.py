@@ -11,6 +11,7 @@ collects and passes a test.  Skips where launch_testing is not installed.
 """
 
 import inspect
+import os
 from pathlib import Path
 import subprocess
 import sys
@@ -41,7 +42,9 @@ def test_the_pytest_requirement_keeps_launch_testing_working(tmp_path):
             f'pytest{spec} admits pytest 9, which refuses this launch_testing plugin'
     assert Version(metadata.version('pytest')) in spec, metadata.version('pytest')
     (tmp_path / 'test_trivial.py').write_text('def test_one():\n    assert True\n')
+    # colcon test passes its options (junit file, --pytest-args) in PYTEST_ADDOPTS: not ours.
+    env = {k: v for k, v in os.environ.items() if k != 'PYTEST_ADDOPTS'}
     done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
-                           str(tmp_path / 'test_trivial.py')], cwd=tmp_path,
+                           str(tmp_path / 'test_trivial.py')], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and '1 passed' in done.stdout, done.stdout + done.stderr
