@@ -145,9 +145,7 @@ class LLMClient(Node):
         while time.monotonic() < deadline:
             pub.publish(msg)
             if pub.wait_for_all_acked(Duration(seconds=fresh_s)):
-                # The node's executor takes ready callbacks in creation order (the prompt
-                # subscription first): give it time to take the image before the prompt lands.
-                self.spin_until(lambda: False, 0.3)
+                self.spin_until(lambda: False, 0.1)     # let the node's executor take it
                 return 'acknowledged'
         return 'unacknowledged'
 
