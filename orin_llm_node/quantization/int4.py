@@ -50,10 +50,19 @@ class Int4Linear(QuantLinear):
         return torch.empty(self.out_features, -(-self.in_features // 8), dtype=torch.int32,
                            device=device)
 
-    def codes_to_float(self) -> torch.Tensor:
-        """The codes as fp32 ``[out, in]``."""
-        u = unpack_int4(self.qweight, self.in_features).float()
-        return u if self.asymmetric else u - 8.0
+    def _codes_into(self, out, row0, work):
+        rows, cols = out.shape
+        packed = self.qweight[row0:row0 + rows].view(torch.uint8)  # byte j: nibbles 2j, 2j+1
+        # Spread each byte's two nibbles into the two bytes of an int16 (little-endian: the
+        # low nibble, element 2j, in the low byte) -- four passes over int16 in place of
+        # eight shifts over int32 and a gather.
+        pairs = work("codes", packed.numel(), torch.int16).view(packed.shape).copy_(packed)
+        shifted = work("codes_shifted", packed.numel(), torch.int16).view(packed.shape)
+        torch.bitwise_left_shift(pairs, 4, out=shifted)
+        pairs.bitwise_or_(shifted).bitwise_and_(0x0F0F)
+        out.copy_(pairs.view(torch.uint8)[:, :cols])
+        if not self.asymmetric:
+            out.sub_(8.0)
 
     @classmethod
     def quantize_rows(cls, weight, group_size, asymmetric):

@@ -26,9 +26,8 @@ class Int8Linear(QuantLinear):
     def _empty_codes(self, device) -> torch.Tensor:
         return torch.empty(self.out_features, self.in_features, dtype=torch.int8, device=device)
 
-    def codes_to_float(self) -> torch.Tensor:
-        """The codes as fp32 ``[out, in]``."""
-        return self.qweight.float()
+    def _codes_into(self, out, row0, work):
+        out.copy_(self.qweight[row0:row0 + out.shape[0]])
 
     @classmethod
     def quantize_rows(cls, weight, group_size, asymmetric):
