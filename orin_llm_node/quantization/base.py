@@ -31,24 +31,28 @@ from orin_llm_node.layers.dispatch import kernels_for
 
 from . import scratch
 
-__all__ = ["QuantLinear", "expand_groups", "grouped", "per_group_"]
+__all__ = ["QuantLinear", "abs_max", "divided_by_groups", "grouped", "per_group_"]
 
 
 def grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``[rows, in]`` -> ``[rows, G, group_size]``, the last group zero-padded."""
+    """``[rows, in]`` -> ``[rows, G, group_size]``, the last group zero-padded.
+
+    A view of ``weight`` when ``group_size`` divides ``in`` (the usual case: no copy).
+    """
     rows, cols = weight.shape
     groups = -(-cols // group_size)
-    padded = F.pad(weight, (0, groups * group_size - cols))
-    return padded.view(rows, groups, group_size)
+    if groups * group_size != cols:
+        weight = F.pad(weight, (0, groups * group_size - cols))
+    return weight.unflatten(1, (groups, group_size))
 
 
-def expand_groups(per_group: torch.Tensor, group_size: int, cols: int) -> torch.Tensor:
-    """``[rows, G]`` -> ``[rows, cols]``: each group's value over its columns."""
-    return per_group.repeat_interleave(group_size, dim=1)[:, :cols]
+def abs_max(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``t.abs().amax(dim)`` from two reductions, without a full-size ``abs`` copy."""
+    return torch.maximum(t.amax(dim), t.amin(dim).neg())
 
 
 def per_group_(op, weight: torch.Tensor, per_group: torch.Tensor, group_size: int) -> None:
-    """``op(weight, expand_groups(per_group, ...))`` in place, without expanding.
+    """``op(weight, per_group repeated over each group's columns)`` in place, without a copy.
 
     ``op`` is an in-place binary tensor method (``torch.Tensor.mul_``, ``sub_``); ``weight
     [rows, cols]``, ``per_group [rows, G]`` (the last group may be shorter).
@@ -60,6 +64,14 @@ def per_group_(op, weight: torch.Tensor, per_group: torch.Tensor, group_size: in
            per_group[:, :full, None])
     if full * group_size < cols:
         op(weight[:, full * group_size:], per_group[:, full:full + 1])
+
+
+def divided_by_groups(weight: torch.Tensor, per_group: torch.Tensor,
+                      group_size: int) -> torch.Tensor:
+    """A new ``weight / expand(per_group)``: each column divided by its group's value."""
+    out = weight.clone(memory_format=torch.contiguous_format)
+    per_group_(torch.Tensor.div_, out, per_group, group_size)
+    return out
 
 
 class QuantLinear(nn.Module, ABC):

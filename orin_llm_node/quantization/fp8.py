@@ -11,7 +11,7 @@ projections whose sizes are not multiples of 128 still concatenate.
 
 import torch
 
-from .base import QuantLinear, expand_groups, grouped
+from .base import QuantLinear, abs_max, divided_by_groups, grouped
 
 __all__ = ["BLOCK", "E4M3_MAX", "Fp8Linear", "block_scales_to_rows"]
 
@@ -59,11 +59,11 @@ class Fp8Linear(QuantLinear):
     @classmethod
     def quantize_rows(cls, weight, group_size, asymmetric):
         """Round-to-nearest codes and scales of ``weight [rows, in]``."""
-        rows, cols = weight.shape
-        blocks = grouped(weight.t(), BLOCK).abs().amax(-1)  # [in, ceil(rows / 128)]
-        amax = grouped(blocks.t(), BLOCK).amax(-1)  # [ceil(rows / 128), ceil(in / 128)]
+        rows = weight.shape[0]
+        per_row = abs_max(grouped(weight, BLOCK))  # [rows, ceil(in / 128)]
+        amax = grouped(per_row.t(), BLOCK).amax(-1).t()  # [ceil(rows / 128), ceil(in / 128)]
         block_scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
         scale = block_scales_to_rows(block_scale, rows)
-        full = expand_groups(scale, BLOCK, cols)
-        codes = (weight / full).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        codes = divided_by_groups(weight, scale, BLOCK).clamp_(-E4M3_MAX, E4M3_MAX)
+        codes = codes.to(torch.float8_e4m3fn)
         return {"qweight": codes.view(torch.uint8), "scale": scale}

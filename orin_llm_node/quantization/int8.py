@@ -4,7 +4,7 @@
 
 import torch
 
-from .base import QuantLinear, expand_groups, grouped
+from .base import QuantLinear, abs_max, divided_by_groups, grouped
 
 __all__ = ["Int8Linear"]
 
@@ -32,8 +32,8 @@ class Int8Linear(QuantLinear):
     @classmethod
     def quantize_rows(cls, weight, group_size, asymmetric):
         """Round-to-nearest codes and scales of ``weight [rows, in]``."""
-        amax = grouped(weight, group_size).abs().amax(-1)
+        amax = abs_max(grouped(weight, group_size))
         scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-        full = expand_groups(scale, group_size, weight.shape[1])
-        q = torch.round(weight / full).clamp_(-127, 127).to(torch.int8)
+        q = divided_by_groups(weight, scale, group_size).round_().clamp_(-127, 127)
+        q = q.to(torch.int8)
         return {"qweight": q, "scale": scale}

@@ -4,12 +4,12 @@
 
 The CPU path (``QuantLinear.torch_forward`` on a CPU tensor) dequantises a layer a tile of
 rows at a time into these buffers and multiplies each tile at once, so a decode step never
-allocates a dense weight and the dense tile is still in the core's cache when the matmul reads
-it. A tile holds at most :data:`TILE_ELEMENTS` weights: the buffers of one thread take
-``TILE_ELEMENTS`` x (4 bytes fp32 tile + 2 bytes codes work, + 2 for the shifted nibbles of
-INT4, + 2 for a bf16/fp16 copy when the activations are not fp32), at most 2.5 MiB whatever
-the model size. They grow to the largest tile requested and are kept for the thread's life
-(the engine's worker thread; a new worker gets its own set), so a step allocates nothing.
+allocates a dense weight and the dense tile is still in cache when the matmul reads it. A tile
+holds at most :data:`TILE_ELEMENTS` weights: the buffers of one thread take ``TILE_ELEMENTS``
+x (4 bytes fp32 tile + 2 bytes codes work, + 2 for the shifted nibbles of INT4, + 2 for a
+bf16/fp16 copy when the activations are not fp32), at most 10 MiB whatever the model size.
+They grow to the largest tile requested and are kept for the thread's life (the engine's
+worker thread; a new worker gets its own set), so a step allocates only its outputs.
 """
 
 import threading
@@ -19,11 +19,10 @@ import torch
 
 __all__ = ["TILE_ELEMENTS", "buffer", "held_bytes"]
 
-#: Weights per dequantised tile: 1 MiB of fp32, which stays in a core's L2 (1-2 MiB on
-#: current x86 and the Orin's Cortex-A78AE clusters) between the dequantisation and the
-#: matmul. bench/quant_cpu.py measured 2^17..2^20 within noise of each other on the mid-size
-#: model; far smaller tiles pay per-op overhead, far larger ones spill to memory.
-TILE_ELEMENTS = 1 << 18
+#: Weights per dequantised tile: 4 MiB of fp32, inside a last-level cache (L2 tiles of
+#: 2^17..2^18 were within noise on a 2-core x86 and pay ~4x the per-op overhead, which
+#: dominates when the cores are oversubscribed; bench/quant_cpu.py).
+TILE_ELEMENTS = 1 << 20
 
 _local = threading.local()
 _live: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()  # every thread's buffers
@@ -40,7 +39,10 @@ def buffer(role: str, numel: int, dtype: torch.dtype, device: torch.device) -> t
     key = (role, dtype, torch.device(device))
     buf = pool.get(key)
     if buf is None or buf.numel() < numel:
-        buf = pool[key] = torch.empty(numel, dtype=dtype, device=device)
+        # A normal tensor, also when first asked for under inference_mode (the engine):
+        # an inference tensor could not be written in place by a later plain call.
+        with torch.inference_mode(False):
+            buf = pool[key] = torch.empty(numel, dtype=dtype, device=device)
         _live.add(buf)
     return buf[:numel]
 
