@@ -7,6 +7,13 @@
 // serve test/kernel_emulator.py's host build.
 //
 //   KV_DTYPE_ID  0 = float16, 1 = bfloat16, 2 = float32
+//
+// Flush-to-zero: CuPy compiles every kernel with -ftz=true (kernel_sources.CUPY_OPTIONS), so an
+// fp32 subnormal operand reads as 0 and a subnormal result becomes 0. Where that shows: a bf16
+// subnormal (|x| < 2^-126) converts to an fp32 subnormal and reads as 0; softmax weights and
+// SiLU values below 2^-126 vanish -- all far below any result's rounding. fp16 values are
+// normal in fp32. A path that must be exact never forms a subnormal (quant_linear.cu's FP8
+// decode). The CPU emulator runs with FTZ|DAZ to match.
 #pragma once
 
 #if !defined(KV_DTYPE_ID)

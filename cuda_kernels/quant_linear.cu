@@ -21,10 +21,15 @@
 //   thread per CHUNK columns of one row, written as (code - zero) * scale rounded once to
 //   scalar_t -- bit-identical to the torch path's dequantize(dtype).
 //
-// FP8 is decoded with integer arithmetic (sm_87 has no fp8 instructions): the e4m3 exponent
-// and mantissa bits are moved into a float's exponent/mantissa fields and the result scaled by
-// 2^120 (the bias difference 127 - 7), which also gives the subnormals exactly; NaN codes are
-// not produced by quantizers and are not special-cased.
+// FP8 is decoded without fp8 instructions (sm_87 has none) and without ever forming an fp32
+// subnormal: CuPy compiles with -ftz=true (kernel_sources.CUPY_OPTIONS), so a subnormal read
+// as an operand is 0. A normal e4m3 code (exponent field 1..15) has its exponent and mantissa
+// bits moved into a float's fields and the exponent rebased by an integer add of 120 (the bias
+// difference 127 - 7); a zero-exponent code is m * 2^-9, computed as the integer m converted
+// to float times the normal 2^-9 (exact: m < 8). Both are exact, so decode matches torch's
+// cast for every finite code. NaN codes are not produced by quantizers and are not
+// special-cased. The decoded values times the fp32 scales stay normal for any real weight (a
+// dequantised weight below 2^-126 would read as 0; quantizers never store one).
 //
 //   GEMV_WARPS  output features (warps) per CTA
 #include "dtype.cuh"
@@ -64,11 +69,14 @@ struct Fp8Codes {
   static constexpr float ZERO = 0.f;
   __device__ __forceinline__ static void decode(uint4 r, float (&c)[CHUNK]) {
     const unsigned int w[4] = {r.x, r.y, r.z, r.w};
-    const float two_pow_120 = __uint_as_float(0x7b800000u);
+    const float two_pow_m9 = __uint_as_float(0x3b000000u);
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const unsigned int b = (w[i / 4] >> (8 * (i % 4))) & 0xffu;
-      c[i] = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * two_pow_120;
+      const unsigned int magnitude = (b & 0x78u)
+          ? ((b & 0x7fu) << 20) + (120u << 23)
+          : __float_as_uint((float)(b & 0x7u) * two_pow_m9);
+      c[i] = __uint_as_float(((b & 0x80u) << 24) | magnitude);
     }
   }
 };

@@ -7,9 +7,10 @@
   during warm-up, never inside a graph capture.
 * :func:`kernel_launcher` returns ``launch(name, grid, block, args)``, which runs a kernel on
   ``torch.cuda.current_stream()`` resolved at every call, so a launch inside
-  ``torch.cuda.graph`` lands in the capture stream. All buffers are torch tensors passed by
-  ``data_ptr()``; scalars are numpy scalars typed to the C signature. Tests pass the CPU
-  emulator's launcher (same convention) instead.
+  ``torch.cuda.graph`` lands in the capture stream, with the kernels' device made current
+  (``device: cuda:1`` launches in device 1's context whatever the thread's current device).
+  All buffers are torch tensors passed by ``data_ptr()``; scalars are numpy scalars typed to
+  the C signature. Tests pass the CPU emulator's launcher (same convention) instead.
 * :class:`FusedOps` wraps the non-attention fused kernels (RMSNorm, add + RMSNorm, SiLU x up,
   the weight-only quantized linear layers) that ``layers.dispatch`` routes the layers to; the
   attention kernels (q/k-norm + RoPE + KV write, paged decode) are wrapped by
@@ -29,8 +30,8 @@ from orin_llm_node import kernel_sources as ks
 from orin_llm_node.layers.activation import silu_and_mul
 from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm
 
-__all__ = ["GEMV_MAX_ROWS", "TORCH_DTYPES", "FusedOps", "cupy_available", "kernel_launcher",
-           "load_kernels"]
+__all__ = ["GEMV_MAX_ROWS", "TORCH_DTYPES", "FusedOps", "cupy_available", "external_stream",
+           "kernel_launcher", "load_kernels"]
 
 #: Most activation rows the quantized GEMV serves; beyond (prefill), dequantise + matmul (the
 #: GEMV re-reads the weight once per row).
@@ -101,19 +102,53 @@ def load_kernels(dtype: str, head_dim: int, device_index: int) -> dict:
     return functions
 
 
+class _StreamHandle:
+    """A raw ``cudaStream_t`` through the CUDA stream protocol (``__cuda_stream__``, v0)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.ptr
+
+
+def external_stream(cupy, ptr: int, device_index: int):
+    """A CuPy stream object for the CUDA stream ``ptr`` that CuPy does not own (torch's).
+
+    CuPy 14 deprecates ``cupy.cuda.ExternalStream`` (a DeprecationWarning, raised inside the
+    first graph capture) for ``Stream.from_external`` and the CUDA stream protocol; CuPy 13
+    (cupy-cuda12x with NumPy 1.x on JetPack 6) has only ``ExternalStream``, not deprecated
+    there.
+    """
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is None:
+        return cupy.cuda.ExternalStream(ptr, device_index)
+    return from_external(_StreamHandle(ptr))
+
+
 def kernel_launcher(dtype: torch.dtype, head_dim: int, device: torch.device):
     """``launch(name, grid, block, args)`` for the CuPy-built kernels of this variant."""
     cupy = _import_cupy()
+    device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     fns = load_kernels(TORCH_DTYPES[dtype], head_dim, index)
+    # The functions belong to device ``index``'s context: launch them there, whichever device
+    # the calling thread has current (torch's ops on cuda:N tensors do not change it).
+    gpu = cupy.cuda.Device(index)
     streams = {}
 
     def launch(name, grid, block, args):
         ptr = torch.cuda.current_stream(device).cuda_stream
         stream = streams.get(ptr)
         if stream is None:
-            stream = streams[ptr] = cupy.cuda.ExternalStream(ptr, index)
-        fns[name](grid, block, args, stream=stream)
+            stream = streams[ptr] = external_stream(cupy, ptr, index)
+        if cupy.cuda.runtime.getDevice() == index:  # the usual case: no device switch
+            fns[name](grid, block, args, stream=stream)
+            return
+        with gpu:
+            fns[name](grid, block, args, stream=stream)
 
     return launch
 

@@ -3,9 +3,10 @@
 """Where the CUDA kernel sources live and exactly how each variant is compiled.
 
 This is the one truth shared by the runtime (``cuda_ops.py`` hands ``KernelVariant.source`` /
-``.options`` to ``cupy.RawModule``) and by the CPU NVRTC test
-(``test/test_nvrtc_compile.py`` compiles the same strings to PTX). Importing it needs neither
-CUDA nor CuPy.
+``.options`` to ``cupy.RawModule``), by the CPU NVRTC test (``test/test_nvrtc_compile.py``
+compiles ``KernelVariant.nvrtc_options(sm)``: those options plus what CuPy adds, for each
+target SM) and by the CPU kernel emulator (which flushes subnormals when they do). Importing it
+needs neither CUDA nor CuPy.
 
 Variants are selected with ``-D`` defines (no C++ templates, so no name expressions):
 ``KV_DTYPE_ID`` and ``HEAD_DIM`` per attention variant, ``KV_DTYPE_ID`` alone for the
@@ -22,6 +23,7 @@ import re
 from orin_llm_node.package_files import share_dir
 
 __all__ = [
+    "CUPY_OPTIONS",
     "DTYPE_IDS",
     "GEMV_WARPS",
     "HEAD_DIMS",
@@ -33,6 +35,7 @@ __all__ = [
     "PREFILL_ROWS_PER_WARP",
     "QUANT_KERNEL_FILES",
     "SPLIT_MIN_TOKENS",
+    "TARGET_SMS",
     "KernelVariant",
     "kernel_source",
     "kernels_dir",
@@ -80,6 +83,20 @@ QUANT_KERNEL_FILES = {
                              for op in ("gemv", "dequant")),
 }
 
+#: What ``cupy.RawModule(code=..., options=...)`` appends to the caller's options, CuPy 13 and
+#: 14 alike (cupy/_core/core.pyx ``assemble_cupy_compiler_options``, cupy/cuda/compiler.py
+#: ``_compile_with_cache_cuda`` and ``_compile_using_nvrtc``), besides ``-arch=sm_<device>``
+#: (``KernelVariant.nvrtc_options``). Flush-to-zero is forced: fp32 subnormals are read as 0
+#: and never produced, so no kernel may compute through one (quant_linear.cu decodes the FP8
+#: subnormals as normal floats). CuPy also adds include paths (-I: its own headers, its CCCL
+#: copy, the CUDA headers; v14 fails with "Failed to find CUDA headers" when it finds none)
+#: and, only if CUPY_NVRTC_USE_PCH is set, --pch: the sources include nothing, so neither can
+#: change the code (test_nvrtc_compile checks the sources are self-contained). Our
+#: ``-std=c++17`` stops CuPy from adding its own ``--std``.
+CUPY_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")
+#: Compute capabilities the kernels are checked for without a GPU: Orin (8.7), Hopper (9.0).
+TARGET_SMS = (87, 90)
+
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
@@ -117,12 +134,19 @@ class KernelVariant:
     options: tuple[str, ...]
     functions: tuple[str, ...]
 
+    def nvrtc_options(self, sm: int) -> tuple[str, ...]:
+        """Every NVRTC option CuPy compiles this variant with for a GPU of compute ``sm``.
+
+        Ours, then CuPy's (:data:`CUPY_OPTIONS`), then a cubin for that SM (87: Orin, 90: Hopper).
+        """
+        return (*self.options, *CUPY_OPTIONS, f"-arch=sm_{sm}")
+
 
 def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None) -> KernelVariant:
     """Source and NVRTC options of ``file`` for ``dtype`` (a torch dtype name) and ``head_dim``.
 
-    The options carry no ``-arch`` (CuPy adds the device's, the NVRTC test adds each target's)
-    and no include path (the sources need none).
+    The options are what the runtime passes to CuPy: no ``-arch`` and no include path (CuPy
+    adds them, see :data:`CUPY_OPTIONS` and ``KernelVariant.nvrtc_options``).
     """
     if file not in KERNEL_FILES:
         raise ValueError(f"unknown kernel file {file!r}; expected one of {sorted(KERNEL_FILES)}")

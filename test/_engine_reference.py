@@ -3,10 +3,20 @@
 """The transformers reference for the engine tests (greedy generate on explicit prompt ids)."""
 
 import copy
+import importlib
+import json
+from pathlib import Path
+import types
 
 import numpy as np
 import torch
 from transformers import Qwen2VLImageProcessorPil, Qwen3VLForConditionalGeneration
+
+# The reference video processor's module imports without torchvision (its class cannot be
+# built); its plain functions -- sample_frames, smart_resize, patchify -- are called with a
+# namespace standing in for the processor.
+QWEN3VL_VIDEO = importlib.import_module(
+    "transformers.models.qwen3_vl.video_processing_qwen3_vl")
 
 
 def random_image(seed, height, width):
@@ -28,17 +38,39 @@ class Reference:
         ).eval()
         self.processor = Qwen2VLImageProcessorPil.from_pretrained(ckpt, local_files_only=True)
         self.image_token_id = self.model.config.image_token_id
+        self.video_token_id = self.model.config.video_token_id
+        self.video_config = json.loads(
+            (Path(ckpt) / "video_preprocessor_config.json").read_text())
         self._memo = {}
 
-    def generate(self, prompt_ids, images, max_new_tokens, ignore_eos=False):
-        """Greedy continuation ids of ``prompt_ids`` (stop token included, as ours)."""
-        key = (tuple(prompt_ids), tuple(img.tobytes() for img in images), max_new_tokens,
-               ignore_eos)
+    def generate(self, prompt_ids, images, max_new_tokens, ignore_eos=False, videos=()):
+        """Greedy continuation ids of ``prompt_ids`` (stop token included, as ours).
+
+        ``videos``: the clips as the model saw them (``ChatResult.prompt_videos``).
+        """
+        key = (tuple(prompt_ids), tuple(img.tobytes() for img in images),
+               tuple(np.stack(v.frames).tobytes() for v in videos), max_new_tokens, ignore_eos)
         if key not in self._memo:
-            self._memo[key] = self._generate(prompt_ids, images, max_new_tokens, ignore_eos)
+            self._memo[key] = self._generate(prompt_ids, images, max_new_tokens, ignore_eos,
+                                             videos)
         return self._memo[key]
 
-    def _generate(self, prompt_ids, images, max_new_tokens, ignore_eos):
+    def video_inputs(self, frames):
+        """``(pixel_values_videos, video_grid_thw)`` of one clip's sampled, resized frames.
+
+        ``frames``: uint8 ``[T, H, W, 3]``; the reference's fused normalise and its patchify.
+        """
+        cfg = self.video_config
+        video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)[None]
+        mean = torch.tensor(cfg["image_mean"]) * (1.0 / cfg["rescale_factor"])
+        std = torch.tensor(cfg["image_std"]) * (1.0 / cfg["rescale_factor"])
+        video = (video.to(torch.float32) - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)
+        ns = types.SimpleNamespace()
+        patches, t, h, w = QWEN3VL_VIDEO.Qwen3VLVideoProcessor.patchify(
+            ns, video, cfg["patch_size"], cfg["merge_size"], cfg["temporal_patch_size"])
+        return patches[0], torch.tensor([[t, h, w]])
+
+    def _generate(self, prompt_ids, images, max_new_tokens, ignore_eos, videos=()):
         ids = torch.tensor([prompt_ids])
         kwargs = {}
         if images:
@@ -46,9 +78,15 @@ class Reference:
             kwargs = {
                 "pixel_values": out["pixel_values"],
                 "image_grid_thw": out["image_grid_thw"],
-                # transformers 5 needs the multimodal token types to build M-RoPE positions.
-                "mm_token_type_ids": (ids == self.image_token_id).int(),
             }
+        if videos:
+            inputs = [self.video_inputs(np.stack(v.frames)) for v in videos]
+            kwargs["pixel_values_videos"] = torch.cat([p for p, _ in inputs])
+            kwargs["video_grid_thw"] = torch.cat([g for _, g in inputs])
+        if kwargs:
+            # transformers 5 needs the multimodal token types to build M-RoPE positions.
+            kwargs["mm_token_type_ids"] = ((ids == self.image_token_id).int()
+                                           + 2 * (ids == self.video_token_id).int())
         config = copy.deepcopy(self.model.generation_config)
         config.do_sample = False
         config.max_new_tokens = max_new_tokens

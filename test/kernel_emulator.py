@@ -7,6 +7,10 @@ use: ``threadIdx``/``blockIdx``/``gridDim``, ``__shared__`` (one CTA runs at a t
 threads are fibers on one OS thread sharing the kernel's static arrays), ``__syncthreads`` (a
 block barrier) and ``__shfl_xor_sync`` (a per-warp exchange between barriers). A divergent
 barrier or shuffle -- undefined behaviour on a GPU -- fails the launch instead of hanging.
+Kernels run with fp32 flush-to-zero (FTZ and DAZ in MXCSR, FPCR.FZ on aarch64, set and
+restored around each launch) whenever CuPy compiles them with ``-ftz=true``
+(``kernel_sources.CUPY_OPTIONS``), as a GPU runs them: a kernel that computes through an fp32
+subnormal fails here as it would there.
 
 ``emulated_launch(dtype, head_dim)`` returns a ``launch(name, grid, block, args)`` callable
 with the calling convention of ``cuda_ops.kernel_launcher`` (CuPy): pointer arguments are
@@ -44,6 +48,9 @@ HARNESS = r"""
 #include <string>
 #include <vector>
 #include <ucontext.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 struct uint4 { unsigned int x, y, z, w; };
 struct float4 { float x, y, z, w; };
@@ -164,11 +171,38 @@ static int launch(int gx, int gy, int gz, int bx, F& body) {
 
 #define ARG(i, T) (*reinterpret_cast<T*>(args[i]))
 
-extern "C" int emu_launch(const char* name, int gx, int gy, int gz, int bx, void** args) {
-  const std::string n(name);
-  if (bx <= 0 || bx % 32 || bx > 1024 || gx <= 0 || gy <= 0 || gz <= 0) return -2;
+// fp32 subnormals as a GPU kernel built with -ftz=true sees them: read as zero (DAZ) and never
+// produced (FTZ). The mode is this thread's (the fibers' contexts inherit it when they are made
+// inside the launch) and is restored on return, so the caller's own arithmetic is untouched.
+#if defined(__x86_64__)
+struct FlushDenormals {
+  const unsigned int saved = _mm_getcsr();
+  explicit FlushDenormals(bool on) { if (on) _mm_setcsr(saved | 0x8040u); }  // FTZ | DAZ
+  ~FlushDenormals() { _mm_setcsr(saved); }
+};
+#elif defined(__aarch64__)
+struct FlushDenormals {  // FPCR.FZ flushes subnormal inputs and results alike
+  unsigned long saved;
+  explicit FlushDenormals(bool on) {
+    asm volatile("mrs %0, fpcr" : "=r"(saved));
+    if (on) asm volatile("msr fpcr, %0" : : "r"(saved | (1ul << 24)));
+  }
+  ~FlushDenormals() { asm volatile("msr fpcr, %0" : : "r"(saved)); }
+};
+#else
+#error "kernel emulator: flush-to-zero control only for x86-64 and aarch64"
+#endif
+
+static int dispatch(const std::string& n, int gx, int gy, int gz, int bx, void** args) {
 @DISPATCH@
   return -1;
+}
+
+extern "C" int emu_launch(const char* name, int gx, int gy, int gz, int bx, void** args,
+                          int flush_denormals) {
+  if (bx <= 0 || bx % 32 || bx > 1024 || gx <= 0 || gy <= 0 || gz <= 0) return -2;
+  FlushDenormals mode(flush_denormals != 0);
+  return dispatch(name, gx, gy, gz, bx, args);
 }
 """
 
@@ -228,6 +262,12 @@ def harness_source() -> str:
         "@DISPATCH@", "\n".join(branches))
 
 
+def flushes_subnormals(dtype: str, head_dim: int) -> bool:
+    """Whether a GPU runs this variant's kernels with fp32 flush-to-zero (CuPy's -ftz=true)."""
+    return all("-ftz=true" in var.nvrtc_options(sm) for sm in ks.TARGET_SMS
+               for var in (ks.variant("kv_write.cu", dtype, head_dim), ks.quant_variant(dtype)))
+
+
 def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
     options = dict.fromkeys((*ks.variant("kv_write.cu", dtype, head_dim).options,
                              *ks.quant_variant(dtype).options))
@@ -252,7 +292,7 @@ def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
     so = ctypes.CDLL(str(lib))
     so.emu_launch.restype = ctypes.c_int
     so.emu_launch.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+                              ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
     return so
 
 
@@ -262,6 +302,7 @@ def emulated_launch(dtype: str, head_dim: int):
         _LIBS[dtype, head_dim] = _build(dtype, head_dim)
     so = _LIBS[dtype, head_dim]
     sigs = kernel_signatures()
+    flush = int(flushes_subnormals(dtype, head_dim))
 
     def launch(name, grid, block, args):
         kinds = sigs[name]
@@ -280,7 +321,7 @@ def emulated_launch(dtype: str, head_dim: int):
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
         )
         grid = tuple(grid) + (1,) * (3 - len(grid))
-        rc = so.emu_launch(name.encode(), *grid, block[0], argv)
+        rc = so.emu_launch(name.encode(), *grid, block[0], argv, flush)
         if rc:
             raise RuntimeError(f"emu_launch({name}, grid={grid}, block={block}) -> {rc}")
 

@@ -46,6 +46,20 @@ def test_generation_status_has_every_key_of_the_design():
     assert diag.level_of(status) == OK
 
 
+def test_attention_backend_fallback_is_reported_with_its_reason():
+    """attention_backend auto fell back on a GPU: the robot runs, slowly; WARN says why."""
+    info = GenerationInfo(state='ready', device='cuda:0', attention_backend='cuda')
+    values = _values(diag.generation_status(info, {}))
+    assert values['attention_backend'] == 'cuda' and values['backend_fallback_reason'] == ''
+    info.update(attention_backend='torch',
+                backend_fallback_reason='RuntimeError: Failed to find CUDA headers.')
+    status = diag.generation_status(info, {})
+    values = _values(status)
+    assert values['attention_backend'] == 'torch'
+    assert values['backend_fallback_reason'] == 'RuntimeError: Failed to find CUDA headers.'
+    assert diag.level_of(status) == WARN and 'Failed to find CUDA headers' in status.message
+
+
 def test_levels():
     assert diag.level_of(diag.pool_status(_stats(used_blocks=95), {}, 0.9)) == WARN
     assert diag.level_of(diag.pool_status(_stats(), {'evictions': 3}, 0.9)) == WARN

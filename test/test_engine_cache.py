@@ -116,7 +116,7 @@ def test_hit_ending_inside_an_image_equals_cold_run(tiny_ckpt, ref, block_size,
         system = SYSTEM + " " + "1" * n  # one token per digit (Qwen splits digits)
         conv = eng.new_conversation(system)
         turn = eng.prompts.user_turn(conv.messages(), "What shape is it?", [img])
-        s = len(conv.token_ids) + turn.images[0][0]
+        s = len(conv.token_ids) + turn.media[0][0]
         if (s + 65) % block_size >= 2:
             break
     else:

@@ -186,6 +186,26 @@ def test_fused_norms_and_silu_match_the_torch_bodies(dtype, rows, cols):
     assert ops._launch.counts == {"rms_norm": 1, "add_rms_norm": 1, "silu_and_mul": 1}
 
 
+def test_kernels_run_with_flush_to_zero_as_cupy_compiles_them():
+    """CuPy's -ftz=true: an fp32 subnormal reads as 0 inside a kernel, as on a GPU.
+
+    Here a bf16 subnormal activation (its fp32 value is a subnormal); the caller's arithmetic,
+    after the launch, still keeps subnormals (the mode is restored).
+    """
+    assert kernel_emulator.flushes_subnormals("bfloat16", 32)
+    ops = FusedOps(torch.bfloat16, 32, torch.device("cpu"),
+                   launch=kernel_emulator.emulated_launch("bfloat16", 32))
+    x = torch.ones(1, 64, dtype=torch.bfloat16)
+    x[0, 0] = 1e-39  # a bf16 (and fp32) subnormal
+    weight = torch.ones(64, dtype=torch.bfloat16)
+    want = rms_norm(x, weight, 1e-6)
+    assert want[0, 0] != 0  # torch's CPU path computes through the subnormal
+    got = ops.rms_norm(x, weight, 1e-6)
+    assert got[0, 0] == 0, "the emulated kernel did not flush the subnormal to zero"
+    assert torch.equal(got[0, 1:], want[0, 1:])
+    assert torch.tensor([1e-39]) * 2 != 0 and 5e-324 * 1.0 > 0, "flush-to-zero leaked out"
+
+
 def test_fused_ops_fall_back_to_torch_for_inputs_the_kernels_cannot_take():
     launch = CountingLaunch(kernel_emulator.emulated_launch("float32", 32))
     ops = FusedOps(torch.float32, 32, torch.device("cpu"), launch=launch)

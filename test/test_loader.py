@@ -5,12 +5,15 @@
 import json
 from pathlib import Path
 import shutil
+import subprocess
+import sys
 
 import pytest
 from safetensors.torch import load_file, save_file
 import torch
 
-from orin_llm_node.models import ModelLoadError, load_config, load_model
+from orin_llm_node.errors import ModelLoadError
+from orin_llm_node.models import load_config, load_model
 from orin_llm_node.models.loader import (
     checkpoint_names,
     checkpoint_target,
@@ -205,3 +208,16 @@ def test_misshapen_shard_is_reported(tiny_ckpt, tmp_path):
     save_file({**tensors, key: tensors[key][:-1]}, str(bad / 'model.safetensors'))
     msg = load_error(bad)
     assert key in msg and 'the config implies' in msg
+
+
+def test_quantization_does_not_import_the_models_package():
+    """Layering: models/ builds on quantization/, never the other way round.
+
+    Both raise the ModelLoadError of orin_llm_node.errors.
+    """
+    code = ("import sys, orin_llm_node.quantization.checkpoint as c, orin_llm_node.errors as e;"
+            " assert c.ModelLoadError is e.ModelLoadError; "
+            "print(sorted(m for m in sys.modules if m.startswith('orin_llm_node.models')))")
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == '[]'

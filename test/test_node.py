@@ -296,6 +296,7 @@ def test_ready_and_diagnostics_keys(probe, node):
         assert key in gen, key
     assert gen['device'] == 'cpu' and gen['dtype'] == 'float32'
     assert gen['weight_format'] == 'float32' and int(gen['weight_bytes']) > 0
+    assert gen['attention_backend'] == 'torch' and gen['backend_fallback_reason'] == ''
     assert 'RANDOM' not in _log(node)
 
 

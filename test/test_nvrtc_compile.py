@@ -1,12 +1,13 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Compile every CUDA kernel variant to PTX with NVRTC, without a GPU.
+"""Compile every CUDA kernel variant with NVRTC exactly as CuPy does on a GPU, without one.
 
-The sources and options come from ``orin_llm_node.kernel_sources`` -- exactly what the runtime
-hands to ``cupy.RawModule`` -- and are compiled for Orin (compute_87) and Hopper (compute_90)
-with the CUDA 12 NVRTC of the ``nvidia-cuda-nvrtc-cu12`` wheel through ``cuda.bindings``
-(CuPy cannot: its compile asks the driver for the device). A syntax error in any ``.cu`` file
-fails this test.
+The sources and options come from ``orin_llm_node.kernel_sources``: what the runtime hands to
+``cupy.RawModule`` plus what CuPy adds (``-ftz=true``, ``--device-as-default-execution-space``,
+``-arch=sm_<device>``: ``KernelVariant.nvrtc_options``), for Orin (sm_87) and Hopper (sm_90),
+to PTX and a cubin, with the CUDA 12 NVRTC of the ``nvidia-cuda-nvrtc-cu12`` wheel through
+``cuda.bindings`` (CuPy cannot: its compile asks the driver for the device). A syntax error in
+any ``.cu`` file fails this test.
 """
 
 from pathlib import Path
@@ -20,7 +21,7 @@ nvrtc = pytest.importorskip(
     "cuda.bindings.nvrtc", reason="cuda-bindings (requirements/test.txt) is not installed"
 )
 
-ARCHS = ("compute_87", "compute_90")
+SMS = kernel_sources.TARGET_SMS
 # Kernels that keep everything in registers (no static shared memory).
 NO_SMEM_FILES = {"kv_write.cu", "qk_norm_rope_kv.cu", "silu_mul.cu", "quant_linear.cu"}
 # Static shared memory above 48 KiB needs an opt-in the kernels do not make.
@@ -38,23 +39,27 @@ def _check(result, what):
     return result[1:] if isinstance(result, tuple) else ()
 
 
-def compile_ptx(source: str, options, arch: str, name: str = "kernel.cu") -> tuple[str, str]:
-    """Compile ``source`` to PTX; returns (ptx, compiler log) or raises NvrtcError with the log."""
+def compile_variant(source: str, options, name: str = "kernel.cu") -> tuple[str, int, str]:
+    """Compile ``source`` with exactly ``options``: (PTX, cubin bytes, compiler log).
+
+    Raises NvrtcError with the log when it does not compile.
+    """
     (prog,) = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []),
                      "nvrtcCreateProgram")
     try:
-        opts = [o.encode() for o in (*options, f"--gpu-architecture={arch}")]
+        opts = [o.encode() for o in options]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         (log_size,) = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
         log = b" " * log_size
         _check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
         log = log.rstrip(b"\0").decode(errors="replace").strip()
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise NvrtcError(f"{name} [{arch}] {' '.join(options)}: {err}\n{log}")
+            raise NvrtcError(f"{name} {' '.join(options)}: {err}\n{log}")
         (ptx_size,) = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
         ptx = b" " * ptx_size
         _check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
-        return ptx.rstrip(b"\0").decode(), log
+        (cubin_size,) = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        return ptx.rstrip(b"\0").decode(), cubin_size, log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
@@ -84,36 +89,28 @@ def test_sources_are_self_contained():
 _VARIANTS = kernel_sources.runtime_variants()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+def test_options_are_what_cupy_compiles_with():
+    """Ours first, then CuPy's forced flush-to-zero and a cubin for the device's SM."""
+    var = kernel_sources.quant_variant("bfloat16")
+    assert var.nvrtc_options(87) == (*var.options, "-ftz=true",
+                                     "--device-as-default-execution-space", "-arch=sm_87")
+    assert not any(o.startswith(("-arch", "--gpu-architecture", "-I")) for o in var.options)
+
+
+@pytest.mark.parametrize("sm", SMS)
 @pytest.mark.parametrize(
     "var", _VARIANTS, ids=[f"{v.file[:-3]}-{v.dtype}-d{v.head_dim}" for v in _VARIANTS]
 )
-def test_variant_compiles_to_ptx(var, arch):
-    ptx, log = compile_ptx(var.source, var.options, arch, var.file)
+def test_variant_compiles_as_cupy_compiles_it(var, sm):
+    """PTX and machine code (ptxas checks inline PTX, registers) for sm, CuPy's options."""
+    ptx, cubin_size, log = compile_variant(var.source, var.nvrtc_options(sm), var.file)
     assert not log, f"{var.file} compiled with diagnostics:\n{log}"
-    assert f".target sm_{arch.split('_')[1]}" in ptx
+    assert f".target sm_{sm}" in ptx and cubin_size > 0
     entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
     assert entries == set(var.functions), f"{var.file}: entries {entries}"
     smem = sum(int(n) for n in re.findall(r"\.shared\s+\.align\s+\d+\s+\.\w+\s+\w+\[(\d+)\]", ptx))
     assert (smem == 0) == (var.file in NO_SMEM_FILES), f"{var.file}: {smem} bytes of smem"
     assert smem <= MAX_STATIC_SMEM, f"{var.file}: {smem} bytes of static shared memory"
-
-
-@pytest.mark.parametrize(
-    "var", _VARIANTS, ids=[f"{v.file[:-3]}-{v.dtype}-d{v.head_dim}" for v in _VARIANTS]
-)
-def test_variant_assembles_for_orin(var):
-    """Assemble to sm_87 machine code too (ptxas checks inline PTX, registers), as CuPy does."""
-    opts = [o.encode() for o in (*var.options, "--gpu-architecture=sm_87")]
-    (prog,) = _check(nvrtc.nvrtcCreateProgram(var.source.encode(), var.file.encode(), 0, [],
-                                              []), "nvrtcCreateProgram")
-    try:
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{var.file}: {err}"
-        (size,) = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        assert size > 0
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
 
 
 def test_syntax_error_fails(tmp_path: Path):
@@ -125,11 +122,11 @@ def test_syntax_error_fails(tmp_path: Path):
     broken.write_text(broken.read_text().replace("const int ctx =", "const int ctx = = ", 1))
     var = kernel_sources.variant("paged_decode.cu", "bfloat16", 128, directory=tmp_path)
     with pytest.raises(NvrtcError, match="error"):
-        compile_ptx(var.source, var.options, ARCHS[0], var.file)
+        compile_variant(var.source, var.nvrtc_options(SMS[0]), var.file)
 
 
 def test_missing_configuration_fails():
     var = kernel_sources.variant("kv_write.cu", "float16", 64)
-    options = [o for o in var.options if not o.startswith("-DHEAD_DIM")]
+    options = [o for o in var.nvrtc_options(SMS[0]) if not o.startswith("-DHEAD_DIM")]
     with pytest.raises(NvrtcError, match="kernel_sources"):
-        compile_ptx(var.source, options, ARCHS[0], var.file)
+        compile_variant(var.source, options, var.file)

@@ -5,12 +5,13 @@
 Full-size shapes (2B / 8B projections), every format and activation dtype, against a float64
 product of the torch path's dequantised weight; the prefill path against the torch path bit
 for bit; a GEMV captured in a CUDA graph replaying on new input; and quantized decode of the
-tiny model through the engine with graphs equal to eager decode, token for token.
+tiny model through the engine with graphs equal to eager decode, token for token (both at the
+same prefill row counts: _kernel_testing.eager_like).
 """
 
 import contextlib
 
-from _kernel_testing import DTYPES, skip_without_cuda_kernels
+from _kernel_testing import DTYPES, eager_like, skip_without_cuda_kernels
 import pytest
 import torch
 
@@ -95,6 +96,8 @@ def test_engine_graph_equals_eager(tiny_ckpt, quantization):
         eng = LLMEngine(EngineConfig(model_path=tiny_ckpt, device="cuda", dtype="bfloat16",
                                      quantization=quantization, enable_cuda_graph=graph,
                                      block_order_seed=5))
+        if not graph:  # the same prefill row counts as the graph engine
+            eager_like(eng)
         res = eng.chat(eng.new_conversation(), "Describe the scene in detail.",
                        sampling=SamplingParams(max_tokens=60, ignore_eos=True))
         tokens[graph] = res.token_ids

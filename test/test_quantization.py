@@ -21,7 +21,8 @@ import pytest
 from test_model_parity import LOGIT_TOL, build_prompt, our_logits, reference_logits
 import torch
 
-from orin_llm_node.models import ModelLoadError, load_model
+from orin_llm_node.errors import ModelLoadError
+from orin_llm_node.models import load_model
 from orin_llm_node.models.loader import checkpoint_target, checkpoint_view
 from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear, QuantLinear
 from orin_llm_node.quantization.checkpoint import _unpack_dense

@@ -28,10 +28,12 @@ class AttentionBackend(Protocol):
     Concrete backends subclass it to inherit the torch :meth:`attend_qkv` and
     :meth:`graph_key`; a backend with a fused kernel overrides them. ``graph_safe``: whether a
     model call through the backend may be captured in a CUDA graph (its kernels read every
-    per-step value from device buffers that :meth:`prepare` refills).
+    per-step value from device buffers that :meth:`prepare` refills). ``name``: what the
+    diagnostics report (an ``attention_backend`` value: ``cuda`` or ``torch``).
     """
 
     graph_safe: bool = False
+    name: str = "torch"
 
     def prepare(self, slot_mapping: torch.Tensor, block_table: torch.Tensor, num_prefix: int,
                 num_new: int) -> None:

@@ -62,6 +62,7 @@ class CudaPagedAttention(AttentionBackend):
     """
 
     graph_safe = True
+    name = "cuda"
 
     def __init__(self, kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int,
                  launch=None, num_sms: int | None = None):

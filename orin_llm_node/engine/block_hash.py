@@ -1,10 +1,12 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Prefix-cache keys: chained hashes of full KV blocks, with the images each block overlaps.
+"""Prefix-cache keys: chained hashes of full KV blocks, with the images and clips they overlap.
 
 Block ``i`` of a sequence is keyed by H(key of block ``i-1``, its token ids, extra keys), so a
-key names the whole prefix up to the block's end. The extra keys name every image overlapping
-the block: two different images with identical placeholder ids never share a block.
+key names the whole prefix up to the block's end. The extra keys name every image or video clip
+overlapping the block: two different images (or clips) with identical placeholder ids never share
+a block. A clip's span runs from its first video pad to its last, the timestamp text between its
+temporal groups included, so a block inside it names it even where it holds no pad.
 """
 
 from collections.abc import Iterator, Sequence
@@ -31,7 +33,8 @@ def block_hash(parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple
 def extra_keys(spans, start: int, end: int) -> tuple:
     """(image key, image start - block start) of every image overlapping tokens [start, end).
 
-    ``spans``: (first token index, image) pairs; an image has ``key`` and ``num_tokens``.
+    ``spans``: (first pad index, image or clip) pairs; each has ``key`` and ``num_tokens`` (the
+    length of its span).
     """
     return tuple(
         (img.key, s - start) for s, img in spans if s < end and s + img.num_tokens > start

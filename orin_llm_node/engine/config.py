@@ -10,6 +10,8 @@ import torch
 from orin_llm_node.quantization import AT_LOAD_FORMATS
 
 _DEVICES = ("auto", "cpu", "cuda")
+#: Values of ``attention_backend`` (see ``model_runner.make_attention_backend``).
+ATTENTION_BACKENDS = ("auto", "cuda", "torch")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -35,6 +37,11 @@ class EngineConfig:
     device memory after loading the weights times ``gpu_memory_fraction``, else (CPU) room for
     ``cpu_kv_tokens`` tokens (default: twice ``max_model_len``).
 
+    ``attention_backend``: ``"auto"`` runs the CUDA kernels on a CUDA device and falls back to
+    the torch path (one WARN line, the reason in ``LLMEngine.backend_fallback_reason``) when
+    CuPy cannot import, compile or load them; ``"cuda"`` fails instead; ``"torch"`` never
+    touches CuPy.
+
     ``quantization``: ``"none"`` loads the checkpoint as it is (float, or its own INT4 / INT8 /
     FP8 format when its config.json declares one); ``"int8"``, ``"int4"`` (groups of 128,
     symmetric), ``"int4_asym"`` or ``"fp8"`` quantize a float checkpoint's decoder projections
@@ -51,6 +58,7 @@ class EngineConfig:
         max_model_len                    -> EngineConfig.max_model_len
         enable_prefix_cache              -> EngineConfig.enable_prefix_cache
         enable_cuda_graph                -> EngineConfig.enable_cuda_graph
+        attention_backend                -> EngineConfig.attention_backend
         image_max_pixels (0: checkpoint) -> EngineConfig.image_max_pixels
         image_min_pixels (0: checkpoint) -> EngineConfig.image_min_pixels
         max_new_tokens                   -> SamplingParams.max_tokens
@@ -78,9 +86,13 @@ class EngineConfig:
     # that never raises the checkpoint's own, the minimum replaces the checkpoint's.
     image_max_pixels: int | None = None
     image_min_pixels: int | None = None
+    # Cost cap on a video clip's pixels (frames x height x width, the reference's clip-level
+    # bound): lowers the checkpoint's maximum, never raises it (VideoProcessor.capped).
+    video_max_pixels: int | None = None
     vision_cache_mb: float = 64.0
     block_order_seed: int | None = None
     quantization: str = "none"
+    attention_backend: str = "auto"
 
     def __post_init__(self):
         if not str(self.model_path):
@@ -108,7 +120,7 @@ class EngineConfig:
             )
         if self.vision_cache_mb < 0:
             raise ValueError(f"vision_cache_mb must be >= 0, got {self.vision_cache_mb!r}")
-        for name in ("image_max_pixels", "image_min_pixels"):
+        for name in ("image_max_pixels", "image_min_pixels", "video_max_pixels"):
             _positive_int(name, getattr(self, name), allow_none=True)
         if (
             self.image_max_pixels is not None
@@ -123,6 +135,11 @@ class EngineConfig:
             raise ValueError(
                 f"quantization must be 'none' or one of {sorted(AT_LOAD_FORMATS)}, "
                 f"got {self.quantization!r}"
+            )
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, "
+                f"got {self.attention_backend!r}"
             )
         if self.block_order_seed is not None and not isinstance(self.block_order_seed, int):
             raise ValueError(f"block_order_seed must be an int, got {self.block_order_seed!r}")

@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""A conversation: one token history (system prompt, then turns), its images and messages.
+"""A conversation: one token history (system prompt, then turns), its media and messages.
 
 The history changes only through the conversation's methods (open a turn, append a generated
 token, close the turn, drop the oldest turns). How a turn's tokens are built from the chat
@@ -11,7 +11,7 @@ cache manager's books (``KVBlocks``); the conversation only reads them.
 from dataclasses import dataclass
 import itertools
 
-from orin_llm_node.processing import ImageRef, PromptPiece
+from orin_llm_node.processing import ImageRef, PromptPiece, VideoRef
 
 _ids = itertools.count()
 
@@ -19,10 +19,10 @@ _ids = itertools.count()
 @dataclass
 class _Segment:
     # A run of the history (the system prompt, or one turn with its answer): its messages, its
-    # length in tokens and its images at offsets relative to the run's first token.
+    # length in tokens and its images and clips at offsets relative to the run's first token.
     messages: list[dict]
     num_tokens: int
-    images: list[tuple[int, ImageRef]]
+    media: list[tuple[int, ImageRef | VideoRef]]
 
 
 class Conversation:
@@ -32,7 +32,7 @@ class Conversation:
         self.id = next(_ids)
         self._token_ids = list(system.token_ids)
         self._segments = [_Segment(list(system.messages), len(system.token_ids),
-                                   list(system.images))]
+                                   list(system.media))]
         self.kv = kv  # its KVCacheManager's KVBlocks: written by the manager only
 
     # ---- reading -------------------------------------------------------------------------
@@ -65,8 +65,8 @@ class Conversation:
         """HF-style messages of the whole history."""
         return [m for seg in self._segments for m in seg.messages]
 
-    def image_spans(self) -> list[tuple[int, ImageRef]]:
-        """(first token index, image) of every image in ``token_ids``, in order."""
+    def media_spans(self) -> list[tuple[int, ImageRef | VideoRef]]:
+        """(first pad token index, image or clip) of every item in ``token_ids``, in order."""
         return self._spans(self._segments)
 
     def without_oldest(self, num_turns: int, turn: PromptPiece):
@@ -79,14 +79,14 @@ class Conversation:
         tokens = [*self._token_ids[:system], *self._token_ids[start:], *turn.token_ids]
         kept = [self._segments[0], *self._segments[1 + num_turns:]]
         spans = self._spans(kept)
-        spans.extend((len(tokens) - len(turn.token_ids) + off, img) for off, img in turn.images)
+        spans.extend((len(tokens) - len(turn.token_ids) + off, img) for off, img in turn.media)
         return tokens, spans
 
     @staticmethod
-    def _spans(segments) -> list[tuple[int, ImageRef]]:
+    def _spans(segments) -> list[tuple[int, ImageRef | VideoRef]]:
         spans, base = [], 0
         for seg in segments:
-            spans.extend((base + off, img) for off, img in seg.images)
+            spans.extend((base + off, img) for off, img in seg.media)
             base += seg.num_tokens
         return spans
 
@@ -96,7 +96,7 @@ class Conversation:
         """Append a user turn (up to the assistant generation prompt)."""
         self._token_ids.extend(turn.token_ids)
         self._segments.append(_Segment(list(turn.messages), len(turn.token_ids),
-                                       list(turn.images)))
+                                       list(turn.media)))
 
     def append_token(self, token_id: int) -> None:
         """Append one generated token to the open turn."""

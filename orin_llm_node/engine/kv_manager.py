@@ -314,7 +314,7 @@ class KVCacheManager:
         parent = kv.hashes[-1] if start else None
         tokens = conv.token_ids[:full * bs]
         for block, h in zip(kv.ids[start:full],
-                            chained_hashes(tokens, conv.image_spans(), bs, start, parent),
+                            chained_hashes(tokens, conv.media_spans(), bs, start, parent),
                             strict=True):
             self.pool.register(block, h)
             kv.hashes.append(h)

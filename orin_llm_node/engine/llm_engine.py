@@ -6,7 +6,7 @@ Single-threaded: one generation at a time, run by the caller's thread. ``cancel(
 call another thread may make (a flag checked before every step).
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 import logging
 import threading
 import time
@@ -16,7 +16,15 @@ import numpy as np
 import torch
 
 from orin_llm_node.models import VisionOutput, load_model
-from orin_llm_node.processing import ChatTemplate, ImageProcessor, PromptBuilder, Tokenizer
+from orin_llm_node.processing import (
+    ChatTemplate,
+    ImageProcessor,
+    PromptBuilder,
+    Tokenizer,
+    VideoClip,
+    VideoProcessor,
+    VideoRef,
+)
 from orin_llm_node.quantization import model_weight_bytes
 
 from .block_pool import BlockPool
@@ -51,7 +59,11 @@ class ChatResult:
     """The outcome of one turn.
 
     ``prompt_token_ids``: everything attended for this turn (history included, after any
-    dropped turns); ``prompt_images``: the images inside it, in order; ``token_ids``: the
+    dropped turns); ``prompt_images``: the images inside it, in order; ``prompt_videos``: the
+    video clips inside it, in order, each as the model saw it (the sampled frames at model
+    size, with their timestamps: ``VideoProcessor.patchify`` gives the reference's pixel input);
+    images and clips are two lists, as the reference takes them (``pixel_values`` and
+    ``pixel_values_videos``); ``token_ids``: the
     generated ids (a stop token included); ``cached_tokens``: prompt tokens reused from the KV
     cache; ``error``: why nothing was generated, when the prompt could not run.
     """
@@ -61,6 +73,7 @@ class ChatResult:
     prompt_token_ids: list[int]
     prompt_images: list[np.ndarray]
     finish_reason: str
+    prompt_videos: list[VideoClip] = field(default_factory=list)
     cached_tokens: int = 0
     ttft_s: float = 0.0
     decode_tok_s: float = 0.0
@@ -97,11 +110,14 @@ class LLMEngine:
         self.prompts = PromptBuilder(
             ChatTemplate.from_pretrained(path), self.tokenizer, image_processor,
             mcfg.image_token_id, mcfg.vision.spatial_merge_size,
+            VideoProcessor.from_pretrained(path).capped(config.video_max_pixels),
+            mcfg.video_token_id,
         )
         num_blocks = plan_num_blocks(config, mcfg.text, self.dtype, self.device)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
                                   config.max_model_len, self.device, self.dtype,
-                                  enable_cuda_graph=config.enable_cuda_graph)
+                                  enable_cuda_graph=config.enable_cuda_graph,
+                                  attention_backend=config.attention_backend)
         self.pool = BlockPool(num_blocks, config.block_size, self.runner.bytes_per_block,
                               config.block_order_seed)
         self.kv = KVCacheManager(self.pool, config.max_model_len, config.enable_prefix_cache)
@@ -129,6 +145,16 @@ class LLMEngine:
         return self.runner.cuda_graph_active
 
     @property
+    def attention_backend(self) -> str:
+        """Which attention runs: ``cuda`` (the CuPy kernels) or ``torch``."""
+        return self.runner.attn.name
+
+    @property
+    def backend_fallback_reason(self) -> str | None:
+        """Why ``attention_backend: auto`` runs torch on a CUDA device (None: no fallback)."""
+        return self.runner.backend_fallback_reason
+
+    @property
     def weight_format(self) -> str:
         """How the weights are held: the dtype name, or the quantized layers' source and format.
 
@@ -148,32 +174,39 @@ class LLMEngine:
         self._conversations[conv.id] = conv
         return conv
 
-    def warmup(self, image_sizes=None) -> float:
+    def warmup(self, image_sizes=None, video_sizes=()) -> float:
         """Do at start-up what would otherwise stall the first prompts; returns the seconds.
 
         Runs the vision tower once per distinct patch grid of ``image_sizes`` (``(height,
         width)`` of the camera frames, default ``COMMON_FRAME_SIZES``; each is resized as a
-        real frame would be, within ``image_max_pixels``), which keeps the grid's position
-        embeddings and rotary and, on a GPU, loads the tower's kernels for that shape; then
-        captures the bucketed prefill graphs (CUDA only). Call it on the thread that will run
-        the engine; nothing is added to the vision or prefix caches.
+        real frame would be, within ``image_max_pixels``) and of ``video_sizes`` (``(frames,
+        height, width)`` of the clips to come, after sampling at the model's fps; sized as a
+        real clip, within ``video_max_pixels``), which keeps the grid's position embeddings
+        and rotary and, on a GPU, loads the tower's kernels for that shape; then captures the
+        bucketed prefill graphs (CUDA only). Call it on the thread that will run the engine;
+        nothing is added to the vision or prefix caches.
         """
         if image_sizes is None:
             image_sizes = COMMON_FRAME_SIZES
         t0 = time.perf_counter()
-        processor = self.prompts.image_processor
+        processor, video = self.prompts.image_processor, self.prompts.video_processor
         # The grid follows from the size alone (no frame is built, resized or patched): the
         # tower runs once per distinct grid on zero patches, its values do not matter.
         p, t = processor.patch_size, processor.temporal_patch_size
         grids = {(1, h // p, w // p) for h, w in
                  (processor.target_size(int(h), int(w)) for h, w in image_sizes)}
+        for n, height, width in video_sizes:
+            h, w = video.target_size(int(n), int(height), int(width))
+            grids.add((-(-int(n) // video.temporal_patch_size), h // video.patch_size,
+                       w // video.patch_size))
         for grid in grids:
-            self.runner.encode_image(torch.zeros(grid[1] * grid[2], 3 * t * p * p), grid)
+            self.runner.encode_image(
+                torch.zeros(grid[0] * grid[1] * grid[2], 3 * t * p * p), grid)
         self.runner.capture_prefill_graphs()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
-        log.info("warm-up: %d image grid(s) %s, prefill graphs %s, %.2f s", len(grids),
+        log.info("warm-up: %d vision grid(s) %s, prefill graphs %s, %.2f s", len(grids),
                  sorted(grids), "captured" if self.runner.prefill_graphs else "off", seconds)
         return seconds
 
@@ -196,35 +229,50 @@ class LLMEngine:
         return EngineStats(**asdict(self.kv.stats()), vision_cache_hits=self.vision_cache.hits,
                            vision_cache_misses=self.vision_cache.misses)
 
-    def chat(self, conv: Conversation, text: str, images=None,
-             sampling: SamplingParams | None = None) -> ChatResult:
-        """Answer ``text`` (with optional RGB uint8 ``images``) in ``conv``; see ``ChatResult``."""
+    def chat(self, conv: Conversation, text, images=None,
+             sampling: SamplingParams | None = None, *, videos=None) -> ChatResult:
+        """Answer a user message in ``conv``; see ``ChatResult``.
+
+        The message is ``images`` (RGB uint8 ``H x W x 3`` arrays), then ``videos``
+        (``VideoClip``s), then ``text``, as the chat template renders a content list. ``text``
+        may also be a list of parts -- ``str``, image arrays, ``VideoClip``s -- rendered in
+        that order (e.g. ``["front camera:", img1, "wrist camera:", img2, "What moved?"]``).
+        """
         result = None
-        for event in self.chat_stream(conv, text, images, sampling):
+        for event in self.chat_stream(conv, text, images, sampling, videos=videos):
             result = event.result
         return result
 
-    def chat_stream(self, conv: Conversation, text: str, images=None,
-                    sampling: SamplingParams | None = None):
+    def chat_stream(self, conv: Conversation, text, images=None,
+                    sampling: SamplingParams | None = None, *, videos=None):
         """Like ``chat``, yielding ``StreamEvent``s with text deltas; the last carries the result.
 
-        Invalid input (text, images) raises ``ValueError`` before anything changes; running out
-        of context or KV blocks never raises: ``finish_reason`` says what happened.
+        Invalid input (text, images, clips) raises ``ValueError`` before anything changes;
+        running out of context or KV blocks never raises: ``finish_reason`` says what
+        happened (a clip longer than the context is refused with ``context_full``).
         """
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"text is not valid Unicode: lone surrogate {text[exc.start]!r} "
-                             f"at index {exc.start}") from None
+        if isinstance(text, (list, tuple)):  # interleaved parts: text, images, clips
+            parts = list(text)
+            for part in parts:
+                if isinstance(part, str):
+                    _check_text("text", part)
+        else:
+            _check_text("text", text)
+            parts = [text]
         if isinstance(images, np.ndarray):
             raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
                              "array (pass [image])")
-        turn = self.prompts.user_turn(conv.messages(), text, list(images or []))
+        if isinstance(videos, VideoClip):
+            raise ValueError("videos must be a list of VideoClips, got one bare clip "
+                             "(pass [clip])")
+        for clip in videos or []:
+            if not isinstance(clip, VideoClip):
+                raise ValueError(f"videos must hold VideoClips, got {type(clip).__name__}")
+        turn = self.prompts.user_turn(conv.messages(), parts, list(images or []),
+                                      list(videos or []))
         plan = self.kv.admit(conv, turn, sampling.max_tokens)
         if plan.refused:
             yield StreamEvent("", result=self._refused(conv, turn, plan))
@@ -241,26 +289,27 @@ class LLMEngine:
     def _refused(self, conv, turn, plan) -> ChatResult:
         log.warning("prompt not run (%s): %s", plan.refused, plan.reason)
         tokens, spans = conv.without_oldest(0, turn)
-        return ChatResult("", [], tokens, [img.rgb for _, img in spans], plan.refused,
+        images, videos = _prompt_media(spans)
+        return ChatResult("", [], tokens, images, plan.refused, prompt_videos=videos,
                           error=plan.reason)
 
     def _vision_rows(self, spans, start: int, fresh) -> tuple[VisionOutput | None, float]:
-        # Vision rows of every image pad at or after token index ``start``, in order. A prefix
-        # hit may end inside an image: its uncached tokens still need their rows. ``fresh``:
-        # the new turn's pixel patches by image key; older images are preprocessed again.
+        # Vision rows of every image or video pad at or after token index ``start``, in order.
+        # A prefix hit may end inside an image or clip: its uncached pads still need their
+        # rows. ``fresh``: the new turn's pixel patches by key; older media are patched again.
         parts, t0 = [], time.perf_counter()
-        for s, img in spans:
-            if s + img.num_tokens <= start:
+        for s, ref in spans:
+            if s + ref.num_tokens <= start:
                 continue
-            key = (img.key, img.grid_thw)
+            key = (ref.key, ref.grid_thw)
             out = self.vision_cache.get(key)
             if out is None:
-                pixels = fresh.get(img.key)
+                pixels = fresh.get(ref.key)
                 if pixels is None:
-                    pixels = self.prompts.pixel_values(img)
-                out = self.runner.encode_image(pixels, img.grid_thw)
+                    pixels = self.prompts.pixel_values(ref)
+                out = self.runner.encode_image(pixels, ref.grid_thw)
                 self.vision_cache.put(key, out)
-            lo = max(0, start - s)
+            lo = ref.rows_before(start - s)
             parts.append(out[lo:] if lo else out)
         if not parts:
             return None, 0.0
@@ -278,9 +327,9 @@ class LLMEngine:
                   pixels):
         kv, runner = self.kv, self.runner
         prompt = list(conv.token_ids)
-        spans = conv.image_spans()
+        spans = conv.media_spans()
         state.prompt_ids = prompt
-        state.images = [img.rgb for _, img in spans]
+        state.images, state.videos = _prompt_media(spans)
         positions, next_pos = self.prompts.positions(prompt, spans)
         deadline = None if sampling.timeout_s is None else state.t0 + sampling.timeout_s
         if self._cancel.is_set():
@@ -344,6 +393,7 @@ class LLMEngine:
             token_ids=list(gen),
             prompt_token_ids=state.prompt_ids,
             prompt_images=state.images,
+            prompt_videos=state.videos,
             finish_reason=state.finish,
             cached_tokens=state.cached,
             ttft_s=(state.t_first - state.t0) if gen else 0.0,
@@ -351,6 +401,24 @@ class LLMEngine:
             vision_s=state.vision_s,
             dropped_turns=state.dropped,
         )
+
+
+def _check_text(what: str, text) -> None:
+    # ValueError unless ``text`` is a str that encodes to UTF-8 (no lone surrogates).
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid Unicode: lone surrogate {text[exc.start]!r} "
+                         f"at index {exc.start}") from None
+
+
+def _prompt_media(spans) -> tuple[list[np.ndarray], list[VideoClip]]:
+    # The images and the clips of a prompt's media spans, each in prompt order.
+    images = [ref.rgb for _, ref in spans if not isinstance(ref, VideoRef)]
+    videos = [ref.clip for _, ref in spans if isinstance(ref, VideoRef)]
+    return images, videos
 
 
 class _TurnState:
@@ -361,6 +429,7 @@ class _TurnState:
         self.t_first = self.t_last = t0
         self.prompt_ids: list[int] = []
         self.images: list[np.ndarray] = []
+        self.videos: list[VideoClip] = []
         self.token_ids: list[int] = []
         self.detok: IncrementalDetokenizer | None = None
         self.finish: str | None = None

@@ -10,8 +10,9 @@ runs the model on those buffers (``_decode_forward``); a graph captures
 that plus greedy sampling (``_decode_graph_body``), so a greedy step is one replay and one
 8-byte copy of the token id to the host.
 
-On CUDA the factory below also installs the fused RMSNorm / SiLU kernels
-(``cuda_ops.FusedOps``) for the layers (``layers.dispatch``).
+The attention backend comes from the one factory below (``attention_backend``: auto / cuda /
+torch); with the CUDA kernels it also installs the fused RMSNorm / SiLU / quantized-linear
+kernels (``cuda_ops.FusedOps``) for the layers (``layers.dispatch``).
 """
 
 import logging
@@ -23,10 +24,11 @@ import torch
 from orin_llm_node.attention.torch_backend import TorchPagedAttention
 from orin_llm_node.layers import dispatch
 
-from .config import EngineConfig
+from .config import ATTENTION_BACKENDS, EngineConfig
 from .prefill_graph import DEFAULT_BUCKETS, PrefillGraphs
 
-__all__ = ["ModelRunner", "greedy_token", "kv_bytes_per_block", "plan_num_blocks"]
+__all__ = ["ModelRunner", "greedy_token", "kv_bytes_per_block", "make_attention_backend",
+           "plan_num_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -63,25 +65,66 @@ def plan_num_blocks(cfg: EngineConfig, text_cfg, dtype: torch.dtype,
     return blocks
 
 
-def make_attention_backend(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int):
-    """The paged attention backend for the KV tensor's device (the one factory).
+def make_attention_backend(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int,
+                           choice: str = "auto", launcher=None):
+    """The paged attention backend (the one factory), and why ``auto`` fell back, if it did.
 
-    CUDA kernels when CuPy is usable on a CUDA device -- then the layers' fused kernels are
-    installed for that device and dtype too -- else the torch implementation.
+    ``choice`` (:data:`ATTENTION_BACKENDS`):
+
+    * ``torch``: the torch implementation; CuPy is never touched.
+    * ``cuda``: the CUDA kernels (``CudaPagedAttention``, and the layers' fused kernels
+      installed for the KV tensor's device and dtype). Anything that stops them -- no CUDA
+      device, CuPy missing, a compile or module-load error, an unsupported head_dim or dtype --
+      raises.
+    * ``auto``: ``cuda`` when the kernels can be built and run, else ``torch`` with one WARN
+      line; the reason is returned (the ``generation`` diagnostics report it). Without CUDA
+      (and no ``launcher``) it is ``torch`` with no reason to report.
+
+    ``launcher(dtype, head_dim, device) -> launch`` builds the kernels (``launch(name, grid,
+    block, args)``): ``cuda_ops.kernel_launcher`` (CuPy) on a CUDA device when None; tests pass
+    the CPU kernel emulator's, or one that fails as CuPy does. Returns ``(backend, reason)``,
+    ``reason`` None unless ``auto`` fell back.
     """
-    if kv_cache.device.type == "cuda":
-        from orin_llm_node.attention.cuda_backend import CudaPagedAttention
-        from orin_llm_node.cuda_ops import FusedOps, cupy_available
+    if choice not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {choice!r}")
+    if choice == "torch":
+        return TorchPagedAttention(kv_cache), None
+    if launcher is None:
+        if kv_cache.device.type != "cuda":
+            if choice == "cuda":
+                raise ValueError("attention_backend 'cuda' needs a CUDA device, the KV cache is "
+                                 f"on {kv_cache.device} (use 'auto' or 'torch')")
+            return TorchPagedAttention(kv_cache), None
+        from orin_llm_node.cuda_ops import kernel_launcher as launcher
+    try:
+        return _cuda_attention(kv_cache, num_q_heads, max_model_len, launcher), None
+    except Exception as exc:  # CuPy raises many types: import, NVRTC, driver, load
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        if choice == "cuda":
+            raise RuntimeError(f"attention_backend 'cuda': the CUDA kernels cannot run on "
+                               f"{kv_cache.device}: {reason}") from exc
+    log.warning("CUDA kernels unavailable on %s, attention runs on torch without CUDA graphs "
+                "(attention_backend 'auto'): %s", kv_cache.device, reason)
+    return TorchPagedAttention(kv_cache), reason
 
-        if cupy_available():
-            backend = CudaPagedAttention(kv_cache, num_q_heads, max_model_len)
-            backend.warmup()
-            head_dim = kv_cache.shape[-1]
-            dispatch.install(kv_cache.device, kv_cache.dtype,
-                             FusedOps(kv_cache.dtype, head_dim, kv_cache.device))
-            return backend
-        log.warning("CuPy is not importable: paged attention falls back to torch on CUDA")
-    return TorchPagedAttention(kv_cache)
+
+def _cuda_attention(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int, launcher):
+    """CudaPagedAttention over ``kv_cache``, warmed up, and the fused layer kernels installed.
+
+    Nothing is installed unless every step (build, load, a first launch of each kernel)
+    succeeded.
+    """
+    from orin_llm_node.attention.cuda_backend import CudaPagedAttention
+    from orin_llm_node.cuda_ops import FusedOps
+
+    head_dim = kv_cache.shape[-1]
+    launch = launcher(kv_cache.dtype, head_dim, kv_cache.device)
+    backend = CudaPagedAttention(kv_cache, num_q_heads, max_model_len, launch=launch)
+    backend.warmup()
+    dispatch.install(kv_cache.device, kv_cache.dtype,
+                     FusedOps(kv_cache.dtype, head_dim, kv_cache.device, launch=launch))
+    return backend
 
 
 def greedy_token(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
@@ -98,7 +141,7 @@ class ModelRunner:
 
     def __init__(self, model, num_blocks: int, block_size: int, max_model_len: int,
                  device: torch.device, dtype: torch.dtype, enable_cuda_graph: bool = False,
-                 prefill_buckets: tuple[int, ...] | None = None):
+                 prefill_buckets: tuple[int, ...] | None = None, attention_backend: str = "auto"):
         tc = model.config.text
         self.model = model
         self.device, self.dtype = device, dtype
@@ -110,7 +153,9 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.bytes_per_block = kv_bytes_per_block(tc, block_size, dtype)
-        self.attn = make_attention_backend(self.kv_cache, tc.num_attention_heads, max_model_len)
+        # backend_fallback_reason: why 'auto' runs torch on CUDA (None: it did not fall back).
+        self.attn, self.backend_fallback_reason = make_attention_backend(
+            self.kv_cache, tc.num_attention_heads, max_model_len, attention_backend)
         # CUDA Graph decode (engine/cuda_graph.py): needs a backend that reads its per-step
         # metadata from device memory (graph_safe); captured on the first decode step,
         # replayed by run_decode after prepare_decode has written the static buffers.
@@ -120,7 +165,7 @@ class ModelRunner:
 
             if self.attn.graph_safe:
                 self.decode_graph = CudaGraphDecode(self)
-            else:
+            elif self.backend_fallback_reason is None:  # a fallback has said so already
                 log.warning("CUDA graphs need the CUDA attention backend: decoding eagerly")
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size) + 1
         # Bucketed prefill of short text-only suffixes: by default only where it pays, with

@@ -12,9 +12,11 @@ see them: they come after every real token), and the logits are taken at row ``n
 positions, slots, the block table, the lengths -- is written into static buffers before the
 replay.
 
-Only :class:`~orin_llm_node.engine.model_runner.ModelRunner` uses this module. Graphs need an
-attention backend whose ``graph_safe`` is true on a CUDA device; elsewhere (the CPU, tests) the
-same padded buffers run eagerly, which is how the padding logic is checked without a GPU.
+Only :class:`~orin_llm_node.engine.model_runner.ModelRunner` uses this module. Graphs are
+captured only where the runner replays decode graphs (``cuda_graph_active``: CUDA, a
+``graph_safe`` attention backend, ``enable_cuda_graph``); elsewhere (the CPU, tests, an eager
+runner given the same buckets to compare with) the same padded buffers run eagerly, which is how
+the padding logic is checked without a GPU.
 Suffixes with image tokens (a cold turn, dominated by the vision tower) and longer ones run
 eagerly without padding.
 """
@@ -49,7 +51,7 @@ class PrefillGraphs:
         self.slot_mapping = torch.full((size,), -1, **i64)
         self.block_table = torch.zeros(runner.max_blocks_per_seq, **i64)
         self.last_index = torch.zeros(1, **i64)
-        self.use_graphs = dev.type == "cuda" and runner.attn.graph_safe
+        self.use_graphs = runner.cuda_graph_active
         self.graphs: dict[int, tuple] = {}  # bucket -> (graph, logits, pointer key)
         self.captures = 0
         self._pool = None

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Qwen3-VL in plain torch modules: config, vision tower, decoder, checkpoint loader."""
 
+from orin_llm_node.errors import ModelLoadError
 from orin_llm_node.models.config import (
-    ModelLoadError,
     Qwen3VLConfig,
     TextConfig,
     VisionConfig,

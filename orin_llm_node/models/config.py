@@ -15,18 +15,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+from orin_llm_node.errors import ModelLoadError
+
 __all__ = [
-    "ModelLoadError",
     "Qwen3VLConfig",
     "TextConfig",
     "VisionConfig",
     "config_from_dict",
     "load_config",
 ]
-
-
-class ModelLoadError(ValueError):
-    """A checkpoint directory cannot be turned into a Qwen3-VL model (one-line reason)."""
 
 
 @dataclass(frozen=True)

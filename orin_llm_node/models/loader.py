@@ -24,10 +24,12 @@ from safetensors import safe_open
 import torch
 from torch import nn
 
+from orin_llm_node.errors import ModelLoadError
 from orin_llm_node.layers import LinearBase
+from orin_llm_node.quantization.checkpoint import plan_quantization
 from orin_llm_node.quantization.linear_method import quant_part, quantize_module
 
-from .config import ModelLoadError, Qwen3VLConfig, load_config
+from .config import Qwen3VLConfig, load_config
 from .qwen3_vl import Qwen3VLForCausalLM
 from .qwen3_vl_text import PACKED_MODULES
 
@@ -218,9 +220,6 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     directory, a non-Qwen3-VL config, unreadable/truncated files, missing or unexpected tensors,
     shape mismatches and unsupported quantization formats.
     """
-    # Imported here: quantization.checkpoint itself imports this package's config module.
-    from orin_llm_node.quantization.checkpoint import plan_quantization
-
     model_dir = Path(model_dir)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ModelLoadError(f"unsupported dtype {dtype} (float32, bfloat16 or float16)")

@@ -61,17 +61,19 @@ class Qwen3VLForCausalLM(nn.Module):
         """
         Hidden states ``[N, H]`` of ``input_ids [N]`` (a new chunk of one sequence).
 
-        ``visual`` holds one row per image-pad token *present in this chunk*, in order (slice a
-        cached ``VisionOutput`` when part of an image is already in the KV cache); its embeds
-        replace the pads and its DeepStack features are added after the first decoder layers.
+        ``visual`` holds one row per image- or video-pad token *present in this chunk*, in
+        order (slice a cached ``VisionOutput`` when part of an image or clip is already in the
+        KV cache); its embeds replace the pads and its DeepStack features are added after the
+        first decoder layers (the reference adds them at image and video tokens alike).
         """
         h = self.embed(input_ids)
         mask = None
         if visual is not None:
-            mask = input_ids == self.config.image_token_id
+            mask = ((input_ids == self.config.image_token_id)
+                    | (input_ids == self.config.video_token_id))
             n_pad, n_vis = int(mask.sum()), visual.embeds.shape[0]
             if n_pad != n_vis:
-                raise ValueError(f"{n_pad} image pad tokens but {n_vis} visual embeddings")
+                raise ValueError(f"{n_pad} image/video pad tokens but {n_vis} visual embeddings")
             h = h.masked_scatter(mask[:, None], visual.embeds.to(h.dtype))
         return self.language_model(
             h, positions, attn, mask, visual.deepstack if visual is not None else None

@@ -134,13 +134,15 @@ class VisionAttention(nn.Module):
         self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, segments: int = 1) -> torch.Tensor:
         p = x.shape[0]
         q, k, v = self.qkv(x).reshape(p, 3, self.num_heads, -1).unbind(1)
         q, k = apply_rope_vision(q, k, cos, sin)
-        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, H, P, D] like the reference
+        # [segments, H, P / segments, D]: equal segments (the frames of a clip) are a batch.
+        q, k, v = (t.reshape(segments, p // segments, *t.shape[1:]).transpose(1, 2)
+                   for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.proj(out[0].transpose(0, 1).reshape(p, -1))
+        return self.proj(out.transpose(1, 2).reshape(p, -1))
 
 
 class VisionMLP(nn.Module):
@@ -166,8 +168,8 @@ class VisionBlock(nn.Module):
         self.mlp = VisionMLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, mask)
+                mask: torch.Tensor | None, segments: int = 1) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, mask, segments)
         return x + self.mlp(self.norm2(x))
 
 
@@ -199,6 +201,10 @@ class GridInputs:
     cos: torch.Tensor  # [P, head_dim] fp32 rotary
     sin: torch.Tensor
     mask: torch.Tensor | None  # [P, P] block-diagonal (one block per frame); None for one frame
+    # or for frames of one size (a clip, or images of one grid): then ``segments`` frames of
+    # equal length attend as a batch, without a mask (a masked SDPA over a clip's every frame
+    # costs ``segments`` times the work and takes a slower kernel).
+    segments: int = 1
 
 
 def segment_mask(seqlens: torch.Tensor) -> torch.Tensor | None:
@@ -273,8 +279,11 @@ class Qwen3VLVisionTower(nn.Module):
         pos = (self.pos_embed(idx) * w[:, :, None]).sum(1)
         cos, sin = self.rotary(grid)
         # Every frame of every image is its own attention segment.
-        mask = segment_mask(torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0]))
-        entry = GridInputs(pos, cos, sin, mask)
+        seqlens = torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0])
+        if bool((seqlens == seqlens[0]).all()):
+            entry = GridInputs(pos, cos, sin, None, seqlens.numel())
+        else:
+            entry = GridInputs(pos, cos, sin, segment_mask(seqlens))
         if torch.is_grad_enabled():
             return entry
         self._grids[key] = entry
@@ -290,7 +299,7 @@ class Qwen3VLVisionTower(nn.Module):
         x = x + g.pos.to(x.dtype)
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x = block(x, g.cos, g.sin, g.mask)
+            x = block(x, g.cos, g.sin, g.mask, g.segments)
             if i in cfg.deepstack_visual_indexes:
                 level = cfg.deepstack_visual_indexes.index(i)
                 deepstack.append(self.deepstack_merger_list[level](x))

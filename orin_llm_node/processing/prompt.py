@@ -18,10 +18,10 @@ import hashlib
 import numpy as np
 import torch
 
-from orin_llm_node.processing.chat import user_message
 from orin_llm_node.processing.rope_index import rope_positions
+from orin_llm_node.processing.video import VideoClip, video_key
 
-__all__ = ["ImageRef", "PromptBuilder", "PromptPiece", "image_key"]
+__all__ = ["ImageRef", "PromptBuilder", "PromptPiece", "VideoRef", "image_key"]
 
 
 def image_key(rgb: np.ndarray) -> bytes:
@@ -41,19 +41,61 @@ class ImageRef:
     grid_thw: tuple[int, int, int]
     num_tokens: int
 
+    @property
+    def rope_grids(self) -> list[tuple[int, int, int]]:
+        """Grids of the image's runs of pad tokens, for ``rope_positions``."""
+        return [self.grid_thw]
+
+    def rows_before(self, offset: int) -> int:
+        """Vision-tower rows of the pad tokens before span offset ``offset``."""
+        return min(max(offset, 0), self.num_tokens)
+
+
+@dataclass(frozen=True)
+class VideoRef:
+    """One video clip of a prompt: its frames as the model sees them, hash, grid and layout.
+
+    ``clip``: the sampled frames at model size with their timestamps (re-prefills patchify it
+    again; never the caller's full-resolution frames); ``key``: content hash of those frames;
+    ``grid_thw``: ``(t, h, w)`` patches; the clip's span in the prompt runs from the first video
+    pad of its first temporal group to the last pad of its last one (``num_tokens`` tokens),
+    the timestamp text and vision start/end tokens between groups included;
+    ``pad_offsets``: where each group's pads start in the span; ``tokens_per_group``: pads per
+    group.
+    """
+
+    clip: VideoClip
+    key: bytes
+    grid_thw: tuple[int, int, int]
+    num_tokens: int
+    pad_offsets: tuple[int, ...]
+    tokens_per_group: int
+
+    @property
+    def rope_grids(self) -> list[tuple[int, int, int]]:
+        """One ``(1, h, w)`` grid per temporal group (how the reference splits a video)."""
+        _, h, w = self.grid_thw
+        return [(1, h, w)] * len(self.pad_offsets)
+
+    def rows_before(self, offset: int) -> int:
+        """Vision-tower rows of the pad tokens before span offset ``offset``."""
+        n = self.tokens_per_group
+        return sum(min(max(offset - start, 0), n) for start in self.pad_offsets)
+
 
 @dataclass
 class PromptPiece:
-    """Tokens of the system prompt or of one new user message, with the images inside them.
+    """Tokens of the system prompt or of one new user message, with the media inside them.
 
-    ``images``: (offset of the image's first token in ``token_ids``, image); ``pixel_values``:
-    the patches computed while building the piece, by image key (the piece's own prefill uses
-    them; later re-prefills take the vision cache or ``PromptBuilder.pixel_values``).
+    ``media``: (offset of the item's first pad token in ``token_ids``, ``ImageRef`` or
+    ``VideoRef``), in prompt order; ``pixel_values``: the image patches computed while building
+    the piece, by image key (the piece's own prefill uses them; later re-prefills, and clips,
+    take the vision cache or ``PromptBuilder.pixel_values``).
     """
 
     messages: list[dict]
     token_ids: list[int]
-    images: list[tuple[int, ImageRef]] = field(default_factory=list)
+    media: list[tuple[int, ImageRef | VideoRef]] = field(default_factory=list)
     pixel_values: dict[bytes, torch.Tensor] = field(default_factory=dict)
 
 
@@ -61,12 +103,14 @@ class PromptBuilder:
     """Turns system prompts and user messages into ``PromptPiece``s (the checkpoint's template)."""
 
     def __init__(self, template, tokenizer, image_processor, image_token_id: int,
-                 merge_size: int):
+                 merge_size: int, video_processor=None, video_token_id: int | None = None):
         self.template = template
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.image_token_id = image_token_id
         self.merge_size = merge_size
+        self.video_processor = video_processor
+        self.video_token_id = video_token_id
         self.im_end = tokenizer.IM_END
 
     def _head(self, rendered: str) -> tuple[str, str]:
@@ -85,19 +129,37 @@ class PromptBuilder:
         head, _ = self._head(self.template.render(messages, add_generation_prompt=False))
         return PromptPiece(messages, self.tokenizer.encode(head))
 
-    def user_turn(self, history: Sequence[dict], text: str,
-                  images: Sequence[np.ndarray]) -> PromptPiece:
-        """Piece of a new user message (with images) after ``history`` (HF-style messages).
+    def user_turn(self, history: Sequence[dict], text, images: Sequence[np.ndarray] = (),
+                  videos: Sequence[VideoClip] = ()) -> PromptPiece:
+        """Piece of a new user message after ``history`` (HF-style messages).
 
-        It runs up to the assistant generation prompt.
+        The message's content is ``images``, then ``videos``, then ``text``, in the order the
+        chat template renders a content list; ``text`` is a ``str`` or a list of parts, each a
+        ``str``, an image array or a ``VideoClip``, rendered in their order (interleaved
+        content). It runs up to the assistant generation prompt.
         """
-        refs, pixels = [], {}
-        for rgb in images:
-            processed = self.image_processor.preprocess(rgb)
-            key = image_key(rgb)
-            refs.append(ImageRef(rgb, key, tuple(processed.grid_thw), processed.num_tokens))
-            pixels[key] = processed.pixel_values
-        user = user_message(text, len(refs))
+        parts = list(text) if isinstance(text, (list, tuple)) else [text]
+        content, refs, pixels = [], [], {}
+        for item in [*images, *videos, *parts]:
+            if isinstance(item, str):
+                content.append({"type": "text", "text": item})
+                continue
+            if isinstance(item, VideoClip):
+                if self.video_processor is None or self.video_token_id is None:
+                    raise ValueError("this checkpoint takes no video (no video processor or "
+                                     "video pad token)")
+                content.append({"type": "video"})
+                refs.append(self.video_processor.resize(item))
+            elif isinstance(item, np.ndarray):
+                content.append({"type": "image"})
+                processed = self.image_processor.preprocess(item)
+                key = image_key(item)
+                refs.append(ImageRef(item, key, tuple(processed.grid_thw), processed.num_tokens))
+                pixels[key] = processed.pixel_values
+            else:
+                raise ValueError(f"message content must be text, an image (H x W x 3 uint8 "
+                                 f"array) or a VideoClip, got {type(item).__name__}")
+        user = {"role": "user", "content": content}
         full = self.template.render([*history, user], add_generation_prompt=True)
         piece = full
         if history:
@@ -106,18 +168,68 @@ class PromptBuilder:
                 raise ValueError("the chat template does not render conversations incrementally")
             _, tail = self._head(rendered)
             piece = tail + full[len(rendered):]
-        raw = self.tokenizer.encode(piece)
-        counts = [r.num_tokens for r in refs]
-        ids = self.tokenizer.expand_image_pads(raw, counts)  # checks pads == images
-        pads = [i for i, t in enumerate(raw) if t == self.image_token_id]
-        offsets = [i + sum(counts[:k]) - k for k, i in enumerate(pads)]
-        return PromptPiece([user], ids, list(zip(offsets, refs, strict=True)), pixels)
+        ids, media = self._expand(self.tokenizer.encode(piece), refs)
+        return PromptPiece([user], ids, media, pixels)
 
-    def pixel_values(self, img: ImageRef) -> torch.Tensor:
-        """Pixel patches of an image of the history (preprocessed again from its array)."""
-        return self.image_processor.preprocess(img.rgb).pixel_values
+    def _video_ids(self, group_times, tokens_per_group: int):
+        # transformers 5.x's expansion of the template's <|video_pad|> (the pad alone: the
+        # template's <|vision_start|> and <|vision_end|> around it stay): per temporal group
+        # "<{t:.1f} seconds>", <|vision_start|>, the group's pads, <|vision_end|>. Returned as
+        # (ids before the first pad, the span from the first pad to the last, each group's pad
+        # start in the span); the final <|vision_end|> follows the span.
+        tok = self.tokenizer
+        groups = [tok.encode(f"<{t:.1f} seconds>") for t in group_times]
+        head = [*groups[0], tok.vision_start_id]
+        span, starts = [], []
+        for g, text in enumerate(groups):
+            if g:
+                span.extend([tok.vision_end_id, *text, tok.vision_start_id])
+            starts.append(len(span))
+            span.extend([self.video_token_id] * tokens_per_group)
+        return head, span, starts
+
+    def _expand(self, raw: list[int], items: list):
+        # Expand the k-th image or video pad of ``raw`` for items[k] (an ImageRef or a clip
+        # from VideoProcessor.resize); returns the ids and (first pad offset, ref) of every
+        # item. A clip's patches are made only if the vision cache lacks it (pixel_values).
+        ids, media = [], []
+        for tok in raw:
+            if tok != self.image_token_id and tok != self.video_token_id:
+                ids.append(int(tok))
+                continue
+            k = len(media)
+            item = items[k] if k < len(items) else None
+            is_image = isinstance(item, ImageRef)
+            if item is None or (tok == self.image_token_id) != is_image:
+                raise ValueError("the chat template's image/video pads do not match the "
+                                 "message's images and videos")
+            if is_image:
+                media.append((len(ids), item))
+                ids.extend([tok] * item.num_tokens)
+                continue
+            grid, group_times, per_group = self.video_processor.layout(item)
+            head, span, starts = self._video_ids(group_times, per_group)
+            ids.extend(head)
+            key = video_key(np.stack(item.frames))
+            media.append((len(ids), VideoRef(item, key, grid, len(span), tuple(starts),
+                                             per_group)))
+            ids.extend(span)
+            ids.append(self.tokenizer.vision_end_id)
+        if len(media) != len(items):
+            raise ValueError(f"the chat template rendered {len(media)} image/video pad(s) for "
+                             f"{len(items)} item(s)")
+        return ids, media
+
+    def pixel_values(self, ref: ImageRef | VideoRef) -> torch.Tensor:
+        """Pixel patches of an image or clip of the history (preprocessed again)."""
+        if isinstance(ref, VideoRef):
+            return self.video_processor.patchify(ref.clip).pixel_values
+        return self.image_processor.preprocess(ref.rgb).pixel_values
 
     def positions(self, token_ids: list[int], spans) -> tuple[np.ndarray, int]:
         """M-RoPE positions ``[3, N]`` of a whole history and the start of what follows."""
-        return rope_positions(token_ids, [img.grid_thw for _, img in spans],
-                              self.image_token_id, self.merge_size)
+        grids = [g for _, ref in spans for g in ref.rope_grids]
+        pads = [self.image_token_id]
+        if self.video_token_id is not None:
+            pads.append(self.video_token_id)
+        return rope_positions(token_ids, grids, pads, self.merge_size)

@@ -5,8 +5,10 @@
 Follows transformers' ``Qwen3VLModel.get_rope_index``: a text run gets ``start + arange(n)`` on
 all three axes (T, H, W); an image whose merged grid is ``(t, h, w)`` gets ``T = start + frame``,
 ``H = start + row``, ``W = start + col`` in row-major token order, and the next start moves on by
-``max(h, w)``. Because every run only depends on the running start, computing a conversation turn
-by turn (passing the previous ``next_start``) gives exactly the positions of the whole sequence.
+``max(h, w)``. A video is split into one ``(1, h, w)`` grid per temporal group (its groups are
+separated by timestamp text), as the reference splits ``video_grid_thw``. Because every run
+only depends on the running start, computing a conversation turn by turn (passing the previous
+``next_start``) gives exactly the positions of the whole sequence.
 """
 
 from collections.abc import Sequence
@@ -29,7 +31,7 @@ def _image_positions(start: int, grid: Sequence[int], merge_size: int) -> np.nda
 def rope_positions(
     input_ids: Sequence[int],
     image_grids: Sequence[Sequence[int]],
-    image_token_id: int,
+    image_token_id: int | Sequence[int],
     merge_size: int,
     start: int = 0,
 ) -> tuple[np.ndarray, int]:
@@ -38,14 +40,16 @@ def rope_positions(
 
     ``input_ids`` holds already expanded image pads (``t*h*w / merge_size**2`` copies of
     ``image_token_id`` per image); ``image_grids`` lists the patch grids ``(t, h, w)`` of the
-    images in the order their pads appear. ``start`` is the ``next_start`` of the previous turn
-    (0 for the first). Returns ``(positions, next_start)`` with ``positions`` int64 of shape
-    ``[3, len(input_ids)]``. Raises ``ValueError`` when the pads do not match the grids.
+    images in the order their pads appear. ``image_token_id`` may list several pad ids (image
+    and video pads: each video temporal group is then one ``(1, h, w)`` grid). ``start`` is the
+    ``next_start`` of the previous turn (0 for the first). Returns ``(positions, next_start)``
+    with ``positions`` int64 of shape ``[3, len(input_ids)]``. Raises ``ValueError`` when the
+    pads do not match the grids.
     """
     ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
     n = ids.shape[0]
     positions = np.empty((3, n), dtype=np.int64)
-    is_image = ids == image_token_id
+    is_image = np.isin(ids, np.asarray(image_token_id, dtype=np.int64).reshape(-1))
     # Boundaries of the runs of equal modality: [0, b1, b2, ..., n].
     bounds = np.concatenate(([0], np.flatnonzero(np.diff(is_image)) + 1, [n])) if n else [0]
     grids = list(image_grids)

@@ -26,7 +26,7 @@ import re
 
 import torch
 
-from orin_llm_node.models.config import ModelLoadError
+from orin_llm_node.errors import ModelLoadError
 
 from . import AT_LOAD_FORMATS
 from .base import QuantLinear

@@ -29,8 +29,9 @@ POOL_KEYS = ('total_blocks', 'free_blocks', 'cached_blocks', 'used_blocks', 'usa
 POOL_EXTRA_KEYS = ('prefix_hits', 'prefix_misses', 'dropped_turns', 'vision_cache_hits',
                    'vision_cache_misses')
 GENERATION_KEYS = ('device', 'dtype', 'weight_format', 'weight_bytes', 'cuda_graph',
-                   'last_ttft_ms', 'last_vision_ms', 'last_decode_tok_s', 'queue_depth',
-                   'requests', 'errors', 'last_image_stamp', 'last_finish_reason')
+                   'attention_backend', 'backend_fallback_reason', 'last_ttft_ms',
+                   'last_vision_ms', 'last_decode_tok_s', 'queue_depth', 'requests', 'errors',
+                   'last_image_stamp', 'last_finish_reason')
 
 # Counters whose growth is judged per period, and the level that growth raises.
 _WINDOWED = {
@@ -55,6 +56,8 @@ class GenerationSnapshot:
     weight_format: str = ''         # dtype name, or quantized layers' source:format
     weight_bytes: int = 0
     cuda_graph: bool = False
+    attention_backend: str = ''     # cuda | torch
+    backend_fallback_reason: str = ''  # why attention_backend auto runs torch on CUDA
     last_ttft_ms: float | None = None
     last_vision_ms: float | None = None
     last_decode_tok_s: float | None = None
@@ -177,6 +180,9 @@ def generation_status(info, recent, name='orin_llm: generation', hardware_id='')
         return _status(level, name, f'{info.state}' + (f': {info.detail}' if info.detail
                                                         else ''), hardware_id, values)
     problems = [info.camera] if info.camera else []
+    if info.backend_fallback_reason:
+        problems.append(f'CUDA kernels unavailable, attention on torch: '
+                        f'{info.backend_fallback_reason}')
     if recent.get('errors', 0):
         problems.append(f"{recent['errors']} request error(s)")
     if recent.get('dropped_prompts', 0):

@@ -95,6 +95,10 @@ PARAMETERS = (
           constraints='>= 0.0'),
     Param('max_model_len', 8192, 'longest conversation in tokens', constraints='>= 1'),
     Param('enable_cuda_graph', True, 'capture decode steps as CUDA Graphs (CUDA only)'),
+    Param('attention_backend', 'auto', 'auto: the CUDA kernels on CUDA, the torch path when '
+          'CuPy cannot import, compile or load them (WARN, reason in diagnostics); cuda: the '
+          'kernels or a load failure; torch: never touches CuPy',
+          constraints='auto | cuda | torch'),
     Param('enable_prefix_cache', True, 'reuse KV blocks of shared prefixes'),
     Param('image_max_pixels', 307200, 'resize images to at most this many pixels; never '
           "above the checkpoint's own maximum (0 = checkpoint default)", constraints='>= 0'),
@@ -168,6 +172,7 @@ def engine_config(values, model_path):
         kv_cache_memory_mb=values['kv_cache_memory_mb'] or None,
         max_model_len=values['max_model_len'], enable_prefix_cache=values['enable_prefix_cache'],
         enable_cuda_graph=values['enable_cuda_graph'],
+        attention_backend=values['attention_backend'],
         image_max_pixels=values['image_max_pixels'] or None,
         image_min_pixels=values['image_min_pixels'] or None)
 

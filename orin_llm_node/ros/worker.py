@@ -165,7 +165,9 @@ class Worker:
                               dtype=str(engine.dtype).replace('torch.', ''),
                               weight_format=engine.weight_format,
                               weight_bytes=engine.weight_bytes,
-                              cuda_graph=bool(engine.uses_cuda_graph))
+                              cuda_graph=bool(engine.uses_cuda_graph),
+                              attention_backend=engine.attention_backend,
+                              backend_fallback_reason=engine.backend_fallback_reason or '')
         self.node.monitor.hardware_id = str(engine.device)
         self.engine = engine
         self._diagnostics(force=True)

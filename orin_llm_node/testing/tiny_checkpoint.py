@@ -5,8 +5,8 @@
 Everything is generated locally and deterministically from a seed: a byte-level BPE tokenizer
 trained with `tokenizers` on a small built-in corpus (Qwen's special tokens appended after the
 learned vocabulary, so their ids differ from the real 151643+ on purpose), the Qwen3-VL chat
-template, the processor config, the model config in the format transformers >= 5 writes, and
-random weights under the real tensor names.
+template, the image and video processor configs, the model config in the format transformers >= 5
+writes, and random weights under the real tensor names.
 
 The weights are initialised so that bugs show: a larger std in the vision tower (at 0.02 a missing
 vision RoPE moves the logits by only ~3e-4) and in the decoder, so that greedy decoding is not
@@ -174,6 +174,26 @@ def write_preprocessor_config(out_dir: Path, min_pixels=MIN_PIXELS, max_pixels=M
     (Path(out_dir) / 'preprocessor_config.json').write_text(json.dumps(cfg, indent=2))
 
 
+def write_video_preprocessor_config(out_dir: Path, patch_size=16, temporal_patch_size=2,
+                                    merge_size=2) -> None:
+    """Write video_preprocessor_config.json: the published Qwen3-VL checkpoints' values.
+
+    Their pixel bounds hold for a whole clip (frames x height x width), so the real ones are
+    kept: a test's clip size, not the bound, keeps it small.
+    """
+    cfg = {
+        'do_convert_rgb': True, 'do_normalize': True, 'do_rescale': True, 'do_resize': True,
+        'do_sample_frames': True, 'fps': 2, 'min_frames': 4, 'max_frames': 768,
+        'image_mean': [0.5, 0.5, 0.5], 'image_std': [0.5, 0.5, 0.5],
+        'merge_size': merge_size, 'patch_size': patch_size, 'resample': 3,
+        'rescale_factor': 1 / 255, 'return_metadata': False,
+        'size': {'longest_edge': 25165824, 'shortest_edge': 4096},
+        'temporal_patch_size': temporal_patch_size,
+        'video_processor_type': 'Qwen3VLVideoProcessor',
+    }
+    (Path(out_dir) / 'video_preprocessor_config.json').write_text(json.dumps(cfg, indent=2))
+
+
 def write_generation_config(out_dir: Path, special_ids: dict) -> None:
     """Write generation_config.json: greedy, stopping at <|im_end|> or <|endoftext|>."""
     gen_cfg = {
@@ -311,6 +331,9 @@ def make_tiny_checkpoint(out_dir, seed: int = 0, text_config: dict | None = None
     write_preprocessor_config(out, patch_size=vis['patch_size'],
                               temporal_patch_size=vis['temporal_patch_size'],
                               merge_size=vis['spatial_merge_size'])
+    write_video_preprocessor_config(out, patch_size=vis['patch_size'],
+                                    temporal_patch_size=vis['temporal_patch_size'],
+                                    merge_size=vis['spatial_merge_size'])
     silent = [special_ids[t] for t in NEVER_GENERATED]
     save_file(random_weights(cfg, seed, silent), str(out / 'model.safetensors'),
               metadata={'format': 'pt'})
