@@ -8,7 +8,8 @@
 * bf16: the reference drifts from itself after a few dozen tokens, so the check is
   teacher-forced: per-step logits of our bf16 graph decode against transformers fp32 on the
   same tokens must stay within twice the error of transformers' own bf16 run (+0.02);
-* replay after a conversation reset (no re-capture), a prefix-cache turn under graphs.
+* replay after a conversation reset (no re-capture), a prefix-cache turn under graphs;
+* constrained decoding (a new grammar mask every step, in the pick graph) == eager.
 
 Graph and eager engines run every step at the same row count: the eager engine gets the graph
 engine's prefill buckets and runs short follow-ups padded, eagerly (``eager_like``). cuBLAS
@@ -32,6 +33,7 @@ skip_without_cuda_kernels()
 from _engine_reference import Reference, random_image  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from orin_llm_node.engine.sampler import Sampler  # noqa: E402
 
 MAX_TOKENS = 200
 
@@ -163,6 +165,33 @@ def test_sampled_decode_through_the_graph_equals_eager(engines):
     assert tokens[0] == tokens[1]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_constrained_decode_through_the_graph_equals_eager(engines, temperature):
+    """A grammar's mask, new every step, is applied inside the pick graph: eager's tokens.
+
+    Two schemas in a row (and a regex): one capture for all of them.
+    """
+    _, graph, eager = engines
+    robot = {"type": "object", "properties": {
+        "colour": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer"},
+        "items": {"type": "array", "items": {"type": "string"}, "maxItems": 4}},
+        "required": ["colour", "count", "items"], "additionalProperties": False}
+    formats = [{"type": "json_schema", "schema": robot}, {"type": "json_object"},
+               {"type": "regex", "pattern": r"(left|right), [0-9]{1,3} cm"}]
+    for fmt in formats:
+        sampling = SamplingParams(max_tokens=60, temperature=temperature, seed=3,
+                                  response_format=fmt)
+        results = []
+        for eng in (graph, eager):
+            conv = eng.new_conversation("You are a robot.")
+            results.append(eng.chat(conv, "Where is the box?", sampling=sampling))
+            eng.reset(conv)
+        assert results[0].token_ids == results[1].token_ids, fmt
+        assert results[0].valid == results[1].valid
+        assert results[0].finish_reason in ("stop", "length")
+    assert graph.runner.decode_graph.captures == 1
+
+
 def _prefilled(engine, prompt_len: int = 40):
     """Prefill a random prompt straight through the runner; (last token, table, context).
 
@@ -186,13 +215,10 @@ def test_greedy_graph_step_masks_banned_ids(engines):
     logits = runner.decode(token, context - 1, table, context)
     top = int(logits.argmax())
 
-    class Greedy:  # the Sampler interface decode_sample reads
-        params = SamplingParams()
-        banned = torch.tensor([top], device="cuda")
-
-    got = runner.decode_sample(token, context - 1, table, context, Greedy())
+    greedy = Sampler(SamplingParams(), torch.device("cuda"), {top})
+    got = runner.decode_sample(token, context - 1, table, context, greedy)
     assert got != top
-    assert got == int(logits.index_fill(0, Greedy.banned, float("-inf")).argmax())
+    assert got == int(logits.index_fill(0, greedy.banned, float("-inf")).argmax())
 
 
 def test_decode_step_kernel_count(engines):

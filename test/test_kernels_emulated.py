@@ -25,6 +25,7 @@ from orin_llm_node import kernel_sources as ks
 from orin_llm_node.attention.cuda_backend import CudaPagedAttention
 from orin_llm_node.attention.torch_backend import TorchPagedAttention
 from orin_llm_node.cuda_ops import FusedOps
+from orin_llm_node.engine.structured import host_bitmask
 from orin_llm_node.layers import RMSNorm, dispatch
 from orin_llm_node.layers.activation import silu_and_mul
 from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm
@@ -319,6 +320,31 @@ def test_model_runner_fused_decode_across_blocks(tiny_ckpt):
     }
 
 
+class _RandomGrammar:
+    """A stand-in grammar: allows a fresh random third of the ids at every step.
+
+    Writes its mask into the runner's host buffer and keeps a copy in ``seen`` (the test's
+    ``mask``) so that the expected token can be computed from the same mask.
+    """
+
+    def __init__(self, vocab_size, seen, seed):
+        self.rng = np.random.default_rng(seed)
+        self.vocab_size, self.seen = vocab_size, seen
+        self.allowed_ids = set()
+
+    def fill_bitmask(self, out):
+        ids = self.rng.choice(self.vocab_size, self.vocab_size // 3, replace=False)
+        self.allowed_ids = set(ids.tolist())
+        out[:] = host_bitmask(self.vocab_size, allowed=ids)
+        self.seen[:] = out
+
+    def allowed(self, token):
+        return token in self.allowed_ids
+
+    def accept(self, token):
+        assert token in self.allowed_ids
+
+
 def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt, monkeypatch):
     """CudaGraphDecode on the CPU with a stand-in for torch.cuda.graph.
 
@@ -326,12 +352,15 @@ def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt, monkeypatch):
     the bookkeeping, not CUDA: the pointers a graph bakes in stay the same over a whole
     generation and a new sequence (one capture), a changed pointer forces a new capture, the
     replayed logits track the torch backend across block boundaries, and greedy decoding
-    through the graph (banned ids masked inside it) picks the sampler's token.
+    through the graph (banned ids masked inside it) picks the sampler's token, and a
+    constrained step picks the best token its per-step grammar mask allows, written into the
+    static mask buffer before the pick graph replays (no re-capture for a new mask).
     """
     from orin_llm_node.engine.config import SamplingParams
     from orin_llm_node.engine.cuda_graph import CudaGraphDecode
     from orin_llm_node.engine.model_runner import ModelRunner
     from orin_llm_node.engine.sampler import Sampler
+    from orin_llm_node.engine.structured import apply_bitmask
     from orin_llm_node.models.loader import load_model
 
     model = load_model(tiny_ckpt, dtype=torch.float32).eval()
@@ -348,28 +377,37 @@ def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt, monkeypatch):
 
     runner.attn = kernels_backend()
     runner.decode_graph = CudaGraphDecode(runner)
-    body = runner._decode_graph_body
 
     class FakeGraph:
-        out = None
+        def __init__(self):
+            self.calls = []  # (body, args, outputs) recorded during the capture
 
         def replay(self):
-            for dst, src in zip(self.out, body(), strict=True):
-                dst.copy_(src)
+            for fn, args, out in self.calls:
+                res = fn(*args)
+                outs, news = (out, res) if isinstance(out, tuple) else ((out,), (res,))
+                for dst, src in zip(outs, news, strict=True):
+                    dst.copy_(src)
 
     @contextlib.contextmanager
     def fake_capture(graph, pool=None, capture_error_mode=None):
         assert capture_error_mode == "thread_local"
 
-        def recording():
-            graph.out = body()
-            return graph.out
+        def recording(fn):
+            def call(*args):
+                out = fn(*args)
+                graph.calls.append((fn, args, out))
+                return out
+            return call
 
-        runner._decode_graph_body = recording
+        bodies = ("_decode_forward", "_decode_pick")
+        for name in bodies:
+            setattr(runner, name, recording(getattr(runner, name)))
         try:
             yield
         finally:
-            del runner._decode_graph_body
+            for name in bodies:
+                delattr(runner, name)
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
     monkeypatch.setattr(torch.cuda, "graph", fake_capture)
@@ -377,7 +415,7 @@ def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt, monkeypatch):
 
     rng = random.Random(1)
 
-    def generate(table, prompt_len, steps, greedy_banned=None):
+    def generate(table, prompt_len, steps, greedy_banned=None, grammar=None):
         prompt = [rng.randrange(tc.vocab_size) for _ in range(prompt_len)]
         pos = np.tile(np.arange(prompt_len), (3, 1))
         token = int(ref.prefill(prompt, pos, table, 0).argmax())
@@ -390,9 +428,15 @@ def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt, monkeypatch):
                 assert (want - got).abs().max().item() < 1e-4, step
                 token = int(want.argmax())
             else:
-                sampler = Sampler(SamplingParams(), cpu, greedy_banned)
+                sampler = Sampler(SamplingParams(), cpu, greedy_banned, grammar)
                 got = runner.decode_sample(token, context - 1, table, context, sampler)
-                assert got == sampler(want) and got not in greedy_banned, step
+                if grammar is None:
+                    assert got == sampler(want) and got not in greedy_banned, step
+                else:  # the mask of this step was written before the pick graph replayed
+                    masked = apply_bitmask(want, torch.from_numpy(mask))
+                    assert got == int(masked.index_fill(0, sampler.banned, -np.inf).argmax())
+                    assert grammar.allowed(got) and got not in greedy_banned, step
+                    grammar.accept(got)
                 token = got
 
     generate(rng.sample(range(32), 4), 13, 20)  # crosses blocks at 16, 32
@@ -401,6 +445,11 @@ def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt, monkeypatch):
     assert runner.decode_graph.captures == 1
     # Greedy inside the graph, banning whatever the unmasked argmax would pick first.
     generate(rng.sample(range(32), 3), 9, 20, greedy_banned={0, 1, 2, 3})
+    assert runner.decode_graph.captures == 1
+    # A grammar's mask, new every step, applied inside the graph: still the first capture.
+    mask = np.zeros(runner.decode_token_mask.numel(), dtype=np.int32)
+    generate(rng.sample(range(32), 3), 9, 20, greedy_banned={0, 1}, grammar=_RandomGrammar(
+        tc.vocab_size, mask, seed=3))
     assert runner.decode_graph.captures == 1
     runner.attn = kernels_backend()  # new workspace pointers: the graph must be re-captured
     generate(rng.sample(range(32), 2), 7, 3)

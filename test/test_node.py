@@ -374,6 +374,12 @@ def test_runtime_parameters_and_bad_inputs(probe, reference):
     for i, (msg, needle) in enumerate(cases):
         text = f'Still there {i}?'
         if needle == 'could not be decoded':
+            # Stamped just after a good frame, it is not due for a camera's video ring
+            # (video_fps), which would decode it on arrival: the worker decodes it.
+            now = probe.node.get_clock().now().nanoseconds
+            probe.send_image(probe.image(red_disc(), stamp_ns=now))
+            later = now + 10**8
+            msg.header.stamp = Time(sec=later // 10**9, nanosec=later % 10**9)
             probe.send_image(msg)
             n_resp = len(probe.responses)
             probe.expect_error(lambda t=text: probe.pub_prompt.publish(String(data=t)), needle)

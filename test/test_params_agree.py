@@ -83,6 +83,9 @@ def test_the_launch_file_makes_its_arguments_from_the_parameter_table():
     assert parameters.from_text('enable_cuda_graph', 'False') is False
     with pytest.raises(parameters.ParameterError, match='top_k'):
         parameters.from_text('top_k', 'many')
+    assert parameters.from_text('image_topics', '[front, "wrist/image"]') == [
+        'front', 'wrist/image']
+    assert parameters.from_text('image_topics', 'front,wrist') == ['front', 'wrist']
 
 
 @pytest.fixture
@@ -115,7 +118,9 @@ def test_declared_parameters_match(make_node):
         assert descriptor.read_only == (not spec.runtime), name
         assert declared[name].value == spec.default
     assert set(parameters.RUNTIME_PARAMETERS) == {
-        'max_new_tokens', 'temperature', 'top_p', 'top_k', 'seed', 'system_prompt'}
+        'max_new_tokens', 'temperature', 'top_p', 'top_k', 'seed', 'system_prompt',
+        'video_window_s', 'response_format'}
+    assert node.params['image_topics'] == ['image']
 
 
 @pytest.mark.ros
@@ -125,6 +130,12 @@ def test_declared_parameters_match(make_node):
     ('kv_cache_memory_mb', -1.0), ('diagnostics_period_s', 0.0), ('pool_warn_fraction', 1.5),
     ('image_max_age_s', 0.0), ('max_generation_s', -1.0), ('model_path', '/nonexistent/model'),
     ('kv_block_size', 0), ('seed', -2), ('temperature', 1),
+    ('image_topics', ['front', 'front']), ('image_topics', ['front', 'bad name']),
+    ('image_topics', ['x'] * 9), ('image_topics', 'image'), ('camera_sync_s', 0.0),
+    ('video_fps', 0.0), ('video_buffer_s', -1.0), ('video_window_s', 9.0),
+    ('video_max_pixels', -1),
+    ('response_format', 'json'), ('response_format', '[1]'),
+    ('response_format', '{"type": "yaml"}'), ('response_format', '{"type": "regex"}'),
 ])
 def test_bad_values_fail_with_one_line_naming_the_parameter(make_node, name, value):
     with pytest.raises(parameters.ParameterError) as err:
@@ -137,6 +148,15 @@ def test_bad_values_fail_with_one_line_naming_the_parameter(make_node, name, val
 def test_cross_parameter_check(make_node):
     with pytest.raises(parameters.ParameterError, match='image_min_pixels'):
         make_node(image_min_pixels=500000, image_max_pixels=1000)
+
+
+@pytest.mark.ros
+def test_a_camera_list_is_declared_as_a_string_array(make_node):
+    node = make_node(image_topics=['front', '/robot/wrist/image_raw'], video_window_s=4.0)
+    assert node.params['image_topics'] == ['front', '/robot/wrist/image_raw']
+    assert node.get_parameter('image_topics').type_ == Parameter.Type.STRING_ARRAY
+    bad = node.set_parameters([Parameter('video_window_s', value=8.5)])[0]
+    assert not bad.successful and 'video_buffer_s' in bad.reason
 
 
 @pytest.mark.ros

@@ -9,6 +9,8 @@ import torch
 
 from orin_llm_node.quantization import AT_LOAD_FORMATS
 
+from .structured import check_response_format
+
 _DEVICES = ("auto", "cpu", "cuda")
 #: Values of ``attention_backend`` (see ``model_runner.make_attention_backend``).
 ATTENTION_BACKENDS = ("auto", "cuda", "torch")
@@ -166,6 +168,11 @@ class SamplingParams:
     ``top_k == 0`` and ``top_p == 1.0`` disable those filters; ``seed`` makes sampling
     reproducible; ``timeout_s`` ends the answer with ``finish_reason="timeout"``. The ROS
     parameters that set these: ``EngineConfig``'s docstring.
+
+    ``response_format`` constrains the answer (``engine/structured.py``):
+    ``{"type": "json_object"}``, ``{"type": "json_schema", "schema": {...}}`` or
+    ``{"type": "regex", "pattern": "..."}``; the grammar then also decides where the answer
+    ends, so it cannot be combined with ``ignore_eos``.
     """
 
     max_tokens: int = 256
@@ -175,6 +182,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     timeout_s: float | None = None
+    response_format: dict | None = None
 
     def __post_init__(self):
         _positive_int("max_tokens", self.max_tokens)
@@ -190,6 +198,10 @@ class SamplingParams:
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 when set, got {self.timeout_s!r}")
+        self.response_format = check_response_format(self.response_format)
+        if self.response_format is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with response_format (the grammar "
+                             "decides where the answer ends)")
 
     @property
     def greedy(self) -> bool:

@@ -2,14 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """CUDA Graph capture and replay of the model runner's decode step.
 
-The runner splits a decode step in two (``ModelRunner.prepare_decode`` /
-``_decode_graph_body``). All host work -- block allocation, the block-table row, token id,
-1-D position, slot and context length -- is written into device buffers by ``prepare_decode``
+The runner splits a decode step in two (``ModelRunner.prepare_decode`` / the device work,
+``_decode_forward`` then ``_decode_pick``). All host work -- block allocation, the
+block-table row, token id, 1-D position, slot and context length -- is written into device
+buffers by ``prepare_decode``
 *before* every replay; the graph holds only device work: embedding, RoPE cos/sin computed once
 from the position buffer, every layer (fused norms, q/k-norm + RoPE + K/V write by slot,
 paged decode attention reading the context length and block table from device memory), the
-final norm, the logits and the greedy token (banned ids masked, argmax). A greedy step is one
-replay and one 8-byte copy of that token to the host; other sampling reads a copy of the logits.
+final norm, the logits -- and, in a second graph, the token pick (the static token bitmask
+applied: banned ids, a grammar's disallowed tokens; argmax). A greedy step is two replays and
+one 8-byte copy of that token to the host; other sampling reads a copy of the masked logits.
 
 A graph bakes in pointers, so it is re-captured only when one of them changes (KV tensor,
 static buffers, attention backend or its workspace): a conversation reset changes buffer
@@ -51,64 +53,79 @@ def capture_graph(fn, pool):
 
 
 class CudaGraphDecode:
-    """Captures ``runner._decode_graph_body()`` once and replays it for every decode step.
+    """Captures the decode step once, as two graphs, and replays them for every step.
 
-    ``runner`` must use an attention backend that reads its decode metadata from device
-    memory (``graph_safe``) and expose the static buffers ``decode_input_ids``,
-    ``decode_positions``, ``decode_slot_mapping``, ``decode_block_table``, ``decode_banned``
-    and the KV tensor.
+    ``forward`` holds ``runner._decode_forward()`` (embedding to logits); ``pick`` holds
+    ``runner._decode_pick(logits)`` (the static token bitmask applied, the argmax). Two graphs,
+    so that the host can compute a grammar's mask for the step while the GPU runs ``forward``
+    and write it into ``decode_token_mask`` before ``pick`` is replayed; one mask buffer, so a
+    new schema never needs a new capture. ``runner`` must use an attention backend that reads
+    its decode metadata from device memory (``graph_safe``) and expose the static buffers
+    ``decode_input_ids``, ``decode_positions``, ``decode_slot_mapping``,
+    ``decode_block_table``, ``decode_token_mask``, ``decode_mask_shifts`` and the KV tensor.
     """
 
     def __init__(self, runner):
         self.runner = runner
-        self.graph = None
-        self.logits = None
-        self.token = None
-        self.captures = 0  # how many times a graph was captured (tests check re-capture)
+        self.forward = self.pick = None
+        self.logits = self.masked = self.token = None
+        self.captures = 0  # how many times the graphs were captured (tests check re-capture)
         self._key = None
         self._pool = None
 
     def _pointers(self) -> tuple:
         r = self.runner
         return pointer_key(r, r.decode_input_ids, r.decode_positions, r.decode_slot_mapping,
-                           r.decode_block_table, r.decode_banned)
+                           r.decode_block_table, r.decode_token_mask, r.decode_mask_shifts)
 
-    def _replay(self) -> None:
+    def run_forward(self) -> None:
+        """Replay the forward graph (capturing first if needed); nothing waits for it.
+
+        Call after ``runner.prepare_decode``.
+        """
         key = self._pointers()
-        if self.graph is None or key != self._key:
-            self._capture(key)  # ends with a replay of this step
+        if self.forward is None or key != self._key:
+            self._capture(key)  # ends with a replay of forward
         else:
-            self.graph.replay()
+            self.forward.replay()
 
     def run(self) -> torch.Tensor:
-        """Replay the decode step (capturing first if needed); fp32 logits ``[V]``.
+        """Replay the forward graph; a copy of its fp32 logits ``[V]`` (no mask applied).
 
-        Call after ``runner.prepare_decode``. Returns a copy: the graph's output buffer is
-        overwritten by the next replay.
+        A copy: the graph's output buffer is overwritten by the next replay.
         """
-        self._replay()
+        self.run_forward()
         return self.logits.clone()
 
+    def run_pick(self) -> torch.Tensor:
+        """After ``run_forward``: replay the pick graph; a copy of the masked logits ``[V]``."""
+        self.pick.replay()
+        return self.masked.clone()
+
     def run_greedy(self) -> int:
-        """Replay the decode step; the greedy next token id (the step's one host copy)."""
-        self._replay()
+        """After ``run_forward``: replay the pick graph; the greedy token (one host copy)."""
+        self.pick.replay()
         return int(self.token)
 
     def _capture(self, key: tuple) -> None:
-        if self.graph is not None:
+        r = self.runner
+        if self.forward is not None:
             log.info("decode graph: a captured pointer changed, capturing again")
-        self.graph = self.logits = self.token = None
-        eager, _ = self.runner._decode_graph_body()  # warm-up on this thread, not captured
+        self.forward = self.pick = self.logits = self.masked = self.token = None
+        eager = r._decode_forward()  # warm-up on this thread, not captured
+        r._decode_pick(eager)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        # The body is looked up inside the capture, as prefill_graph does with its lambda.
-        graph, (logits, token) = capture_graph(lambda: self.runner._decode_graph_body(),
-                                               self._pool)
-        graph.replay()
+        # The bodies are looked up inside the capture, as prefill_graph does with its lambda.
+        forward, logits = capture_graph(lambda: self.runner._decode_forward(), self._pool)
+        pick, (masked, token) = capture_graph(lambda: self.runner._decode_pick(logits),
+                                              self._pool)
+        forward.replay()
         if not torch.equal(logits, eager):
             log.warning(
                 "decode graph: replay differs from the eager step by %.3g (max |diff|)",
                 (logits - eager).abs().max().item(),
             )
-        self.graph, self.logits, self.token, self._key = graph, logits, token, key
+        self.forward, self.pick, self._key = forward, pick, key
+        self.logits, self.masked, self.token = logits, masked, token
         self.captures += 1

@@ -6,9 +6,11 @@ Short text-only prefills (follow-up questions) run padded to a bucket through
 ``prefill_graph.PrefillGraphs`` (captured CUDA graphs on a GPU). Decode is split for CUDA
 Graphs: ``prepare_decode`` does all host work (writes the token, position, slot and
 block-table *static* buffers, sets the backend's per-step metadata) and ``run_decode`` only
-runs the model on those buffers (``_decode_forward``); a graph captures
-that plus greedy sampling (``_decode_graph_body``), so a greedy step is one replay and one
-8-byte copy of the token id to the host.
+runs the model on those buffers (``_decode_forward``); graphs capture that and the token
+pick (``_decode_pick``: the static token bitmask -- banned ids, and a grammar's allowed
+tokens -- applied to the logits, then the argmax), so a greedy step is two replays and one
+8-byte copy of the token id to the host. A constrained step computes its grammar mask on the
+host while the GPU runs the forward graph and copies it in before the pick graph runs.
 
 The attention backend comes from the one factory below (``attention_backend``: auto / cuda /
 torch); with the CUDA kernels it also installs the fused RMSNorm / SiLU / quantized-linear
@@ -26,9 +28,9 @@ from orin_llm_node.layers import dispatch
 
 from .config import ATTENTION_BACKENDS, EngineConfig
 from .prefill_graph import DEFAULT_BUCKETS, PrefillGraphs
+from .structured import apply_bitmask, host_bitmask
 
-__all__ = ["ModelRunner", "greedy_token", "kv_bytes_per_block", "make_attention_backend",
-           "plan_num_blocks"]
+__all__ = ["ModelRunner", "kv_bytes_per_block", "make_attention_backend", "plan_num_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -127,15 +129,6 @@ def _cuda_attention(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int
     return backend
 
 
-def greedy_token(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
-    """
-    Argmax of ``logits [V]`` over the ids not set in ``banned [V]`` (bool), as an int64 ``[1]``.
-
-    ``Sampler``'s greedy rule (banned ids to -inf, first maximum) in ops a CUDA graph can hold.
-    """
-    return logits.masked_fill(banned, float("-inf")).argmax().reshape(1)
-
-
 class ModelRunner:
     """Owns the paged KV tensor and runs the model for prefill and decode steps."""
 
@@ -180,9 +173,16 @@ class ModelRunner:
         self.decode_block_table = torch.zeros(
             self.max_blocks_per_seq, dtype=torch.long, device=device
         )
-        # Ids greedy decoding never emits (the sampler's banned ids), as a mask the graph reads.
-        self.decode_banned = torch.zeros(tc.vocab_size, dtype=torch.bool, device=device)
-        self._banned_ids = None  # the sampler tensor decode_banned was last built from
+        # The ids the next token may take (int32 bitmask, bit set = allowed), read by the
+        # graph's pick: everything but the sampler's banned ids, and for a constrained answer
+        # only what its grammar allows. Written before the pick runs, from a pinned host copy.
+        words = -(-tc.vocab_size // 32)
+        self.decode_token_mask = torch.full((words,), -1, dtype=torch.int32, device=device)
+        self.decode_mask_shifts = torch.arange(32, dtype=torch.int32, device=device)
+        self._mask_host = torch.empty(words, dtype=torch.int32,
+                                      pin_memory=device.type == "cuda")
+        self._mask_sampler = None  # the unconstrained sampler decode_token_mask was built for
+        self._allowed_words = None  # host bitmask of that sampler's not-banned ids
         self._table_on_device: list[int] = []  # host mirror of decode_block_table's prefix
 
     @property
@@ -277,11 +277,16 @@ class ModelRunner:
         hidden = self.model(self.decode_input_ids, self.decode_positions, self.attn)
         return self.model.compute_logits(hidden)[0]
 
+    def _decode_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The token pick a graph holds: decode_token_mask applied (Sampler's rule: disallowed
+        # ids to -inf, first maximum), and the greedy token as an int64 [1].
+        masked = apply_bitmask(logits, self.decode_token_mask, self.decode_mask_shifts)
+        return masked, masked.argmax().reshape(1)
+
     def _decode_graph_body(self) -> tuple[torch.Tensor, torch.Tensor]:
-        # What the graph captures: the logits (sampled on the host side when not greedy) and
-        # the greedy token (two small kernels over the vocabulary).
+        # The whole step the two decode graphs hold, run eagerly: logits and greedy token.
         logits = self._decode_forward()
-        return logits, greedy_token(logits, self.decode_banned)
+        return logits, self._decode_pick(logits)[1]
 
     def decode(self, token_id: int, position: int, block_table: list[int],
                context_len: int) -> torch.Tensor:
@@ -294,14 +299,34 @@ class ModelRunner:
                       context_len: int, sampler) -> int:
         """One decode step and the next token, picked by ``sampler`` (an ``engine.Sampler``).
 
-        Greedy under a CUDA graph: the graph masks ``sampler.banned`` and takes the argmax, so
-        the step is one replay plus an 8-byte copy. Otherwise the sampler reads the logits.
+        Under a CUDA graph the step's token mask (banned ids, the grammar's allowed tokens) is
+        applied inside the pick graph: greedy is then two replays plus an 8-byte copy; other
+        sampling reads the masked logits. Eagerly the sampler masks and picks.
         """
         self.prepare_decode(token_id, position, block_table, context_len)
-        if self.decode_graph is None or not sampler.params.greedy:
-            return sampler(self.run_decode())
-        if sampler.banned is not self._banned_ids:  # a new sampler: once per turn
-            self.decode_banned.zero_()
-            self.decode_banned.index_fill_(0, sampler.banned, True)
-            self._banned_ids = sampler.banned
-        return self.decode_graph.run_greedy()
+        graph = self.decode_graph
+        if graph is None:
+            return sampler(self._decode_forward())
+        graph.run_forward()  # queued on the GPU; the host goes on meanwhile
+        self._write_token_mask(sampler)
+        if sampler.params.greedy:
+            return graph.run_greedy()
+        return sampler.pick(graph.run_pick())
+
+    def _write_token_mask(self, sampler) -> None:
+        # Unconstrained: the banned ids, written once per sampler (no host work per step).
+        # Constrained: the grammar's mask for this step, computed while the forward graph
+        # runs, then copied (non-blocking, stream-ordered before the pick graph).
+        if sampler.grammar is None and sampler is self._mask_sampler:
+            return
+        if self._mask_sampler is None or sampler.banned_ids != self._mask_sampler.banned_ids:
+            self._allowed_words = host_bitmask(self.decode_token_mask.numel() * 32,
+                                               banned=sampler.banned_ids)
+        host = self._mask_host.numpy()
+        if sampler.grammar is None:
+            host[:] = self._allowed_words
+        else:
+            sampler.grammar.fill_bitmask(host)
+            np.bitwise_and(host, self._allowed_words, out=host)
+        self.decode_token_mask.copy_(self._mask_host, non_blocking=True)
+        self._mask_sampler = sampler

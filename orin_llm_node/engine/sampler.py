@@ -1,21 +1,36 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request seeded generator."""
+"""Next-token sampling: greedy, temperature, top-k, top-p, with a per-request seeded generator.
+
+With a grammar (``SamplingParams.response_format``) only the tokens its bitmask allows can be
+picked; the CUDA-graph decode applies that mask inside the graph (``ModelRunner``), the eager
+path here.
+"""
 
 import secrets
 
+import numpy as np
 import torch
 
 from .config import SamplingParams
+from .structured import apply_bitmask
 
 
 class Sampler:
-    """Samples one token id from a 1-D logits row; one instance per request."""
+    """Samples one token id from a 1-D logits row; one instance per request.
 
-    def __init__(self, params: SamplingParams, device: torch.device, banned_ids=()):
+    ``grammar``: a ``structured.Grammar`` for a constrained answer; the caller reports every
+    token of the answer to :meth:`accept`.
+    """
+
+    def __init__(self, params: SamplingParams, device: torch.device, banned_ids=(),
+                 grammar=None):
         self.params = params
         # Multimodal placeholders are never valid output (they would corrupt the history).
-        self.banned = torch.tensor(sorted(banned_ids), dtype=torch.long, device=device)
+        self.banned_ids = tuple(sorted(banned_ids))
+        self.banned = torch.tensor(self.banned_ids, dtype=torch.long, device=device)
+        self.grammar = grammar
+        self._words = None  # host bitmask of the eager constrained path
         self.generator = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)
@@ -24,9 +39,18 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> int:
         """Pick the next token from ``logits`` ([vocab], any float dtype)."""
-        p = self.params
+        if self.grammar is not None:
+            if self._words is None:
+                self._words = np.empty(-(-logits.numel() // 32), dtype=np.int32)
+            self.grammar.fill_bitmask(self._words)
+            logits = apply_bitmask(logits, torch.from_numpy(self._words).to(logits.device))
         if self.banned.numel():
             logits = logits.index_fill(0, self.banned, float("-inf"))
+        return self.pick(logits)
+
+    def pick(self, logits: torch.Tensor) -> int:
+        """Pick from ``logits`` whose banned (and disallowed) ids are already at -inf."""
+        p = self.params
         if p.greedy:
             return int(torch.argmax(logits))
         logits = logits.float() / p.temperature
@@ -42,3 +66,8 @@ class Sampler:
             logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
         probs = torch.softmax(logits, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def accept(self, token: int) -> None:
+        """Advance the grammar (if any) by the token just added to the answer."""
+        if self.grammar is not None:
+            self.grammar.accept(token)

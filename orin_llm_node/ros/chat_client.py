@@ -5,6 +5,9 @@
     orin_llm_chat "What is in front of you?"
     orin_llm_chat --image shelf.jpg "How many boxes are on the shelf?"
     orin_llm_chat -n /robot1/orin_llm --timeout 120 "Is the path clear?"
+    orin_llm_chat --image shelf.jpg --schema box.schema.json "Which box should I pick up?"
+    orin_llm_chat --json "List the objects you see."
+    orin_llm_chat --video frames/ --fps 2 "Which way did the person go?"
 
 The on-robot counterpart of ``ros2 topic pub --once .../prompt`` + ``ros2 topic echo
 .../response``: waits for the node's latched ``ready``, sends the image as a
@@ -12,8 +15,16 @@ The on-robot counterpart of ``ros2 topic pub --once .../prompt`` + ``ros2 topic 
 else OpenCV reads re-encoded as PNG: a compressed frame is small, so it arrives whatever the
 DDS transport), waits until the node's reader has acknowledged it, publishes the prompt and
 prints the answer that ``response/info`` names as the answer to *this* prompt, then its finish
-reason on stderr.  Ctrl-C cancels the answer on the node.  Exit status: 0 answered (with the
+reason on stderr.  ``--video`` sends a clip instead: the directory's image files in name order
+(or comma-separated files) as CompressedImages sent at ``fps``, stamped ``1 / fps`` apart, then
+the prompt on ``prompt/json`` asking for the seconds they span (``video_s``).  Ctrl-C cancels
+the answer on the node.  Exit status: 0 answered (with the
 image, when one was given), 1 error, timeout, refusal, or an answer produced without the image.
+
+``--schema FILE`` (a JSON Schema) / ``--json`` (any JSON object) send the question as a
+``prompt/json`` request envelope with that ``response_format``, match the answer by its
+``tag`` and print the parsed JSON; an answer that did not complete (``"valid": false``, e.g.
+``finish_reason=length``) exits 1.
 """
 
 import argparse
@@ -58,6 +69,7 @@ class LLMClient(Node):
         self.on_error = None
         self._image_pubs = {}           # created on first use: no idle image publisher
         self.pub_prompt = self.create_publisher(String, self.topic('prompt'), _RELIABLE)
+        self.pub_envelope = self.create_publisher(String, self.topic('prompt/json'), _RELIABLE)
         self.create_subscription(Bool, self.topic('ready'), self._on_ready, _LATCHED)
         self.create_subscription(String, self.topic('response/stream'), self._on_delta, _STREAM)
         self.create_subscription(String, self.topic('response/info'), self._on_info, _RELIABLE)
@@ -151,6 +163,27 @@ class LLMClient(Node):
             return None
         return mine()
 
+    def ask_envelope(self, envelope, timeout_s):
+        """Publish a ``prompt/json`` envelope with a fresh ``tag``; its ``response/info``.
+
+        Waits (within ``timeout_s``) for the node's ``prompt/json`` subscription first; None on
+        timeout.
+        """
+        if not self.spin_until(lambda: self.pub_envelope.get_subscription_count() > 0,
+                               timeout_s):
+            return None
+        tag = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
+        before = len(self.infos)
+        self.deltas = []
+        self.pub_envelope.publish(String(data=json.dumps({**envelope, 'tag': tag})))
+
+        def mine():
+            return next((i for i in self.infos[before:] if i.get('tag') == tag), None)
+
+        if not self.spin_until(lambda: mine() is not None, timeout_s):
+            return None
+        return mine()
+
     def stream_rest(self, answer, timeout_s=2.0):
         """Wait for deltas still in flight after ``answer``; return the part not streamed.
 
@@ -194,6 +227,41 @@ def image_message(path):
     return msg
 
 
+VIDEO_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp', '.ppm', '.pgm')
+
+
+def video_files(spec):
+    """The frame files of ``--video``: a directory's images in name order, or "a,b,c" files."""
+    path = Path(spec)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
+        if not files:
+            raise ValueError(f'{spec}: no image files ({", ".join(VIDEO_SUFFIXES)})')
+        return files
+    return [Path(p) for p in spec.split(',') if p]
+
+
+def stamp_clip(msgs, fps, end_ns, frame_id):
+    """Stamp ``msgs`` ``1 / fps`` apart, the last at ``end_ns``; all with ``frame_id``."""
+    from builtin_interfaces.msg import Time
+    period = round(1e9 / fps)
+    for k, msg in enumerate(msgs):
+        t = end_ns - (len(msgs) - 1 - k) * period
+        msg.header.stamp = Time(sec=t // 1_000_000_000, nanosec=t % 1_000_000_000)
+        msg.header.frame_id = frame_id
+    return msgs
+
+
+def _video_verdict(info, frame_id):
+    """None when ``info`` says the answer used our clip, else why it did without it."""
+    cameras = info.get('cameras') or []
+    if any(c.get('video') and c['video'].get('frames') for c in cameras):
+        return None
+    reasons = '; '.join(f"{c.get('name')}: {c.get('missing')}" for c in cameras
+                        if c.get('missing'))
+    return reasons or f'the node paired no clip ({frame_id}) with the prompt'
+
+
 def _image_verdict(info, msg):
     """None when ``info`` says our image was paired, else why the answer did without it."""
     image = info.get('image')
@@ -215,23 +283,42 @@ def main(args=None):
                         help='CompressedImage topic the node reads (default: '
                              '<namespace>/image/compressed; with the launch file\'s '
                              'image_topic:=T, T/compressed)')
+    parser.add_argument('--video', metavar='DIR_OR_FILES',
+                        help='send a clip: a directory of frames (name order) or '
+                             'comma-separated frame files; the prompt asks for its seconds')
+    parser.add_argument('--fps', type=float, default=2.0,
+                        help='frames per second of --video (default 2)')
     parser.add_argument('--timeout', type=float, default=300.0,
                         help='seconds to wait for the node and for the answer (default 300)')
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument('--schema', metavar='FILE',
+                     help='answer as JSON valid against this JSON Schema file (prompt/json)')
+    fmt.add_argument('--json', action='store_true',
+                     help='answer as a JSON object (prompt/json)')
     argv = sys.argv[1:] if args is None else list(args)
     ros_args = remove_ros_args(['orin_llm_chat'] + argv)[1:]
     opts = parser.parse_args(ros_args)
-    image = None
-    if opts.image:
-        try:
+    image = clip = None
+    if opts.image and opts.video:
+        parser.error('--image and --video exclude each other')
+    if not opts.fps > 0:
+        parser.error(f'--fps must be > 0, got {opts.fps:g}')
+    try:
+        opts.response_format = _response_format(opts)
+        if opts.image:
             image = image_message(opts.image)
-        except (OSError, ValueError) as exc:
-            print(f'orin_llm_chat: {exc}', file=sys.stderr)
-            return 1
+        if opts.video:
+            clip = [image_message(path) for path in video_files(opts.video)]
+    except (OSError, ValueError) as exc:
+        print(f'orin_llm_chat: {exc}', file=sys.stderr)
+        return 1
     # No rclpy signal handlers: Ctrl-C must leave the context up so that we can call cancel.
     rclpy.init(args=['orin_llm_chat'] + argv, signal_handler_options=SignalHandlerOptions.NO)
     client = LLMClient(opts.namespace)
     client.on_error = lambda e: print(f'[node error] {e}', file=sys.stderr, flush=True)
     try:
+        if clip is not None:
+            return _converse_video(client, opts, clip)
         return _converse(client, opts, image)
     except KeyboardInterrupt:
         if rclpy.ok(context=client.context):
@@ -241,6 +328,54 @@ def main(args=None):
     finally:
         client.destroy_node()
         rclpy.try_shutdown()
+
+
+def _converse_video(client, opts, clip):
+    if not client.wait_ready(opts.timeout):
+        print(f'orin_llm_chat: no ready node under {opts.namespace} after {opts.timeout:g} s'
+              ' (is it running? same ROS_DOMAIN_ID?)', file=sys.stderr)
+        return 1
+    frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
+    first_ns = client.get_clock().now().nanoseconds
+    stamp_clip(clip, opts.fps, first_ns + round((len(clip) - 1) * 1e9 / opts.fps), frame_id)
+    # Stamped from now on, 1/fps apart: the last stamps lie ahead of the node's clock by up
+    # to the clip's length, so the clip is sent at its own pace (a stamp from the future is
+    # refused), then asked for with the seconds it spans.
+    topic = opts.image_topic or client.topic('image/compressed')
+    for msg in clip:
+        ahead = (msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+                 - client.get_clock().now().nanoseconds) / 1e9
+        if ahead > 0:
+            client.spin_until(lambda: False, ahead)
+        if not client.send_image(msg, topic):
+            print(f'orin_llm_chat: the node did not take the frames on {topic} (nothing '
+                  'subscribes there, or no acknowledgement): is its image topic remapped? '
+                  'Pass --image-topic.', file=sys.stderr)
+            return 1
+    # The node's "last video_s seconds" end at its newest kept frame: our last one.
+    seconds = (len(clip) - 0.5) / opts.fps
+    envelope = {'prompt': ' '.join(opts.prompt), 'video_s': round(seconds, 3)}
+    if opts.response_format is not None:
+        envelope['response_format'] = opts.response_format
+    info = client.ask_envelope(envelope, opts.timeout)
+    if info is None:
+        print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
+        return 1
+    if info.get('text') is None:
+        print(f"orin_llm_chat: prompt refused (request {info.get('request_id')}): "
+              f"{info.get('error')}", file=sys.stderr)
+        return 1
+    print(info['text'])
+    video = info.get('video') or {}
+    print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
+          f"{info.get('generated_tokens')} tokens, ttft {info.get('ttft_ms')} ms, clip "
+          f"span {video.get('span_s')} s]", file=sys.stderr)
+    why = _video_verdict(info, frame_id)
+    if why is not None:
+        print(f'orin_llm_chat: the answer above was produced WITHOUT your clip: {why}',
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def _converse(client, opts, image):
@@ -258,6 +393,8 @@ def _converse(client, opts, image):
                   'subscribes there, or no acknowledgement): is its image topic remapped? '
                   'Pass --image-topic.', file=sys.stderr)
             return 1
+    if opts.response_format is not None:
+        return _converse_json(client, opts, image)
     info = client.ask_tagged(' '.join(opts.prompt), opts.timeout)
     if info is None:
         print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
@@ -276,6 +413,47 @@ def _converse(client, opts, image):
             print(f'orin_llm_chat: the answer above was produced WITHOUT your image: {why}',
                   file=sys.stderr)
             return 1
+    return 0
+
+
+def _response_format(opts):
+    """The ``response_format`` of ``--schema FILE`` / ``--json``, or None."""
+    if opts.json:
+        return {'type': 'json_object'}
+    if opts.schema is None:
+        return None
+    try:
+        schema = json.loads(Path(opts.schema).read_text())
+    except ValueError as exc:
+        raise ValueError(f'{opts.schema}: not JSON: {exc}') from None
+    if not isinstance(schema, dict):
+        raise ValueError(f'{opts.schema}: a JSON Schema must be a JSON object')
+    return {'type': 'json_schema', 'schema': schema}
+
+
+def _converse_json(client, opts, image):
+    info = client.ask_envelope({'prompt': ' '.join(opts.prompt),
+                                'response_format': opts.response_format}, opts.timeout)
+    if info is None:
+        print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
+        return 1
+    if info.get('text') is None:
+        print(f"orin_llm_chat: request refused (request {info.get('request_id')}): "
+              f"{info.get('error')}", file=sys.stderr)
+        return 1
+    print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
+          f"valid={str(info.get('valid')).lower()}, {info.get('generated_tokens')} tokens]",
+          file=sys.stderr)
+    if not info.get('valid'):
+        print(info['text'])
+        print(f"orin_llm_chat: the answer is incomplete (finish_reason="
+              f"{info['finish_reason']}): not valid JSON for the schema", file=sys.stderr)
+        return 1
+    print(json.dumps(info['json'], ensure_ascii=False))
+    if image is not None and _image_verdict(info, image) is not None:
+        print('orin_llm_chat: the answer above was produced WITHOUT your image: '
+              f'{_image_verdict(info, image)}', file=sys.stderr)
+        return 1
     return 0
 
 

@@ -31,7 +31,8 @@ POOL_EXTRA_KEYS = ('prefix_hits', 'prefix_misses', 'dropped_turns', 'vision_cach
 GENERATION_KEYS = ('device', 'dtype', 'weight_format', 'weight_bytes', 'cuda_graph',
                    'attention_backend', 'backend_fallback_reason', 'last_ttft_ms',
                    'last_vision_ms', 'last_decode_tok_s', 'queue_depth', 'requests', 'errors',
-                   'last_image_stamp', 'last_finish_reason')
+                   'last_image_stamp', 'last_finish_reason', 'video_buffer_frames',
+                   'video_buffer_bytes', 'video_buffer_limit_bytes')
 
 # Counters whose growth is judged per period, and the level that growth raises.
 _WINDOWED = {
@@ -69,6 +70,9 @@ class GenerationSnapshot:
     last_finish_reason: str = ''
     detail: str = ''                # e.g. the load error
     camera: str = ''                # why the node is blind (a camera matched, no frames)
+    video_buffer_frames: int = 0    # frames the cameras' video rings hold now
+    video_buffer_bytes: int = 0     # their pixel bytes
+    video_buffer_limit_bytes: int = 0   # the most they can hold at the current frame sizes
 
 
 class GenerationInfo:

@@ -1,13 +1,17 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Camera images in: subscriptions, checks on arrival, the newest image, and blindness.
+"""Camera images in: subscriptions, checks on arrival, newest frames, synchronised sets, video.
 
-Runs on the executor (callbacks and a 1 s timer); the worker only reads the newest image through
-:meth:`ImageIntake.take` and drops one it could not decode with :meth:`ImageIntake.forget`, both
-under the intake's lock.
+Per camera (parameter ``image_topics``): its subscriptions, the newest frame, its video ring
+(frame_ring.py) and blindness; across cameras, the newest approximate-time set
+(camera_sync.py).
+
+Runs on the executor (callbacks and a 1 s timer); prompts take their frames here on the
+executor too (:meth:`ImageIntake.take`), and the worker only drops a frame it could not decode
+with :meth:`ImageIntake.forget`, under the intake's lock.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import math
 import threading
 import time
@@ -16,6 +20,8 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 
 from orin_llm_node.ros import ros_image
+from orin_llm_node.ros.camera_sync import ApproximateSync
+from orin_llm_node.ros.frame_ring import FrameRing, resize_for_model
 
 try:                                    # Iron and later
     from rclpy.event_handler import SubscriptionEventCallbacks
@@ -26,11 +32,14 @@ except ImportError:                     # Humble
 BLIND_AFTER_S = 5.0
 # Header stamps further ahead of our clock than this are refused (clock skew, bad drivers).
 FUTURE_TOLERANCE_S = 1.0
+# Frames per camera the synchroniser holds while waiting for the other cameras (the queue size
+# message_filters users usually give; about 0.3 s of a 30 Hz camera).
+SYNC_QUEUE_SIZE = 10
 
 
 @dataclass
 class PendingImage:
-    """The newest image as received (decoded on the worker only if a prompt takes it)."""
+    """A camera's frame as received (decoded on the worker only if a prompt takes it)."""
 
     msg: object
     compressed: bool
@@ -43,41 +52,92 @@ class PendingImage:
                           'nanosec': self.msg.header.stamp.nanosec},
                 'frame_id': self.msg.header.frame_id, 'stamped': self.stamped}
 
+    def rgb(self):
+        """The pixels as ``HxWx3`` RGB; :class:`ros_image.ImageConversionError` if unusable."""
+        if self.compressed:
+            return ros_image.compressed_to_rgb(self.msg)
+        return ros_image.image_to_rgb(self.msg)
+
+
+@dataclass
+class CameraView:
+    """What one camera gives one prompt: a frame, or a clip (video), or why neither."""
+
+    name: str
+    image: PendingImage | None = None
+    clip: list | None = None        # frame_ring.BufferedFrame, oldest first
+    missing: str = ''               # why the camera is left out (said in response/info)
+
 
 @dataclass
 class Request:
-    """One queued prompt and the image paired with it when it arrived."""
+    """One queued prompt and what each camera gave it when it arrived."""
 
     request_id: int
     text: str
-    image: PendingImage | None
-    received_ns: int
-    no_image: str = ''          # why no image is paired (said in response/info)
+    views: list = field(default_factory=list)      # CameraView per camera, in listed order
+    received_ns: int = 0
+    synchronised: bool = True       # the frames are one approximate-time set (or one camera)
+    video_s: float = 0.0            # the clip's length asked for (0: single frames)
+    envelope: dict | None = None    # prompt/json: the checked keys (request_envelope.KEYS)
+
+    @property
+    def image(self):
+        """The first camera's frame (the only one in the default one-camera set-up)."""
+        return self.views[0].image if self.views else None
+
+
+@dataclass
+class Camera:
+    """One camera name: its subscriptions, newest frame, video ring and blindness."""
+
+    index: int
+    name: str
+    ring: FrameRing
+    subscriptions: list = field(default_factory=list)
+    newest: PendingImage | None = None
+    last_frame_at: float | None = None      # monotonic time of its last frame
+    publishers_since: float | None = None   # since when a publisher has been matched
+    blind: str = ''                         # why it is blind ('' = not blind)
+
+    def topics(self):
+        """Its resolved (namespaced, remapped) topic names."""
+        return sorted({sub.topic_name for sub in self.subscriptions})
 
 
 class ImageIntake:
-    """The image subscriptions of ``node`` and what arrived on them."""
+    """The cameras of ``node`` (parameter ``image_topics``) and what arrived from them."""
 
     def __init__(self, node):
         self.node = node
-        self.subscriptions = []
+        self.cameras = []
         self._lock = threading.Lock()
-        self._newest = None
         self._reported = {}             # reason -> last time published (rate limit)
-        self._last_frame_at = None      # monotonic time of the last image that arrived
-        self._publishers_since = None   # since when a camera publisher has been matched
+        self._sync = None
+        self._synced = None             # the newest approximate-time set: ((stamp, image), ...)
+        self._processor = None          # sizes video frames as the model sees them
 
-    def subscribe(self, mode):
-        """Open the image subscriptions, per ``image_qos`` (``mode``).
+    def subscribe(self, mode, processor=None):
+        """Open every camera's subscriptions, per ``image_qos`` (``mode``).
 
-        Measured (bench/image_delivery.py): a best-effort subscription matches every publisher
-        but under Fast DDS gets large frames only if they come over UDP (the node's own DDS
-        profile, see dds_profile.py); a reliable one matches only reliable publishers and gets
-        every frame from them whatever the transport.  ``auto`` has both: the newest frame from
-        either wins, and the reliable twin stays quiet about best-effort publishers it cannot
-        match.
+        ``processor`` (a frame_ring.FrameSizer of the engine's processors) sizes the frames kept
+        for video; None keeps none.
+
+        Measured (bench/image_delivery.py): a best-effort subscription matches every
+        publisher but under Fast DDS gets large frames only if they come over UDP (the node's
+        own DDS profile, see dds_profile.py); a reliable one matches only reliable publishers
+        and gets every frame from them whatever the transport.  ``auto`` has both: the newest
+        frame from either wins, and the reliable twin stays quiet about best-effort publishers
+        it cannot match.
         """
-        kinds = (('image', Image, False), ('image/compressed', CompressedImage, True))
+        params = self.node.params
+        names = list(params['image_topics'])
+        self._processor = processor
+        self._sync = ApproximateSync(len(names), SYNC_QUEUE_SIZE,
+                                     round(params['camera_sync_s'] * 1e9))
+        self._synced = None
+        self.cameras = [Camera(i, name, FrameRing(params['video_fps'], params['video_buffer_s']))
+                        for i, name in enumerate(names)]
         for reliable in {'auto': (False, True), 'best_effort': (False,),
                          'reliable': (True,)}[mode]:
             extra = {}
@@ -87,39 +147,100 @@ class ImageIntake:
             qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
                              reliability=ReliabilityPolicy.RELIABLE if reliable
                              else ReliabilityPolicy.BEST_EFFORT)
-            for topic, msg_type, compressed in kinds:
-                self.subscriptions.append(self.node.create_subscription(
-                    msg_type, topic, lambda msg, c=compressed: self._accept(msg, c), qos,
-                    **extra))
+            for camera in self.cameras:
+                for topic, msg_type, compressed in ((camera.name, Image, False),
+                                                    (camera.name + '/compressed',
+                                                     CompressedImage, True)):
+                    camera.subscriptions.append(self.node.create_subscription(
+                        msg_type, topic,
+                        lambda msg, c=camera, z=compressed: self._accept(c, msg, z), qos,
+                        **extra))
 
     def unsubscribe(self):
-        """Close the image subscriptions and forget the newest image."""
-        for sub in self.subscriptions:
-            self.node.destroy_subscription(sub)
-        self.subscriptions = []
+        """Close the subscriptions and forget every frame (the rings' memory goes back)."""
+        for camera in self.cameras:
+            for sub in camera.subscriptions:
+                self.node.destroy_subscription(sub)
+            camera.subscriptions = []
         with self._lock:
-            self._newest = None
+            for camera in self.cameras:
+                camera.newest = None
+                camera.ring.clear()
+            if self._sync is not None:
+                self._sync.clear()
+            self._synced = None
+        self._report_memory()
 
     def topics(self):
-        """The resolved (namespaced, remapped) image topic names."""
-        return sorted({sub.topic_name for sub in self.subscriptions})
+        """The resolved (namespaced, remapped) image topic names of every camera."""
+        return sorted(t for camera in self.cameras for t in camera.topics())
 
-    def take(self, now_ns, max_age_s):
-        """The newest image if fresh enough, else (None, why not)."""
+    def take(self, now_ns, max_age_s, video_s=0.0):
+        """What each camera gives a prompt arriving at ``now_ns``; (views, synchronised).
+
+        ``video_s`` > 0: each camera's kept frames of the last ``video_s`` seconds up to the
+        newest frame any camera kept (which must be fresh, ``max_age_s``).  Else one
+        frame per camera: the newest approximate-time set if every frame of it is fresh enough,
+        otherwise the newest fresh frame of each camera (``synchronised`` False).
+        """
         with self._lock:
-            image = self._newest
-        if image is None:
-            return None, 'no image received yet'
-        age = (now_ns - image.stamp_ns) / 1e9
+            if video_s > 0:
+                return self._clips(now_ns, max_age_s, video_s), True
+            newest = [camera.newest for camera in self.cameras]
+            synced = self._synced
+        if len(self.cameras) > 1 and synced is not None and not any(
+                self._stale(image, now_ns, max_age_s) for _, image in synced):
+            frames, synchronised = [image for _, image in synced], True
+        else:
+            frames, synchronised = newest, len(self.cameras) == 1
+        views = []
+        for camera, image in zip(self.cameras, frames, strict=True):
+            why = 'no image received yet' if image is None else self._stale(image, now_ns,
+                                                                                max_age_s)
+            views.append(CameraView(camera.name, image=None if why else image, missing=why))
+        return views, synchronised
+
+    @classmethod
+    def _stale(cls, image, now_ns, max_age_s):
+        return cls._stale_ns(image.stamp_ns, now_ns, max_age_s, 'newest image')
+
+    @staticmethod
+    def _stale_ns(stamp_ns, now_ns, max_age_s, what):
+        age = (now_ns - stamp_ns) / 1e9
         if age > max_age_s:
-            return None, f'newest image is {age:.1f} s old (> image_max_age_s {max_age_s:g} s)'
-        return image, ''
+            return f'{what} is {age:.1f} s old (> image_max_age_s {max_age_s:g} s)'
+        return ''
+
+    def _clips(self, now_ns, max_age_s, video_s):
+        # "The last video_s seconds" end at the newest frame any camera kept, so a clip holds
+        # video_s seconds of frames however late the prompt comes; that frame must be fresh
+        # (image_max_age_s), as a single frame must.  Called under the lock.
+        ends = [c.ring.newest_stamp for c in self.cameras if len(c.ring)]
+        end = max(ends, default=None)
+        stale = end is not None and self._stale_ns(end, now_ns, max_age_s, 'newest kept frame')
+        views = []
+        for camera in self.cameras:
+            clip = [] if end is None or stale else camera.ring.clip(
+                end - round(video_s * 1e9), end)
+            if camera.ring.capacity == 0 or self._processor is None:
+                why = 'no video frames are kept (video_buffer_s is 0)'
+            elif not len(camera.ring):
+                why = 'no frame kept yet'
+            elif stale:
+                why = stale
+            else:
+                why = f'no frame kept in the {video_s:g} s up to the newest one'
+            views.append(CameraView(camera.name, clip=clip or None, missing='' if clip else why))
+        return views
 
     def forget(self, pending):
         """Stop pairing ``pending`` with prompts (the worker could not decode it)."""
         with self._lock:
-            if self._newest is pending:
-                self._newest = None
+            for camera in self.cameras:
+                if camera.newest is pending:
+                    camera.newest = None
+            if self._synced is not None and any(i is pending for _, i in self._synced):
+                self._synced = None
 
     def _stamp_ns(self, header):
         stamp = header.stamp.sec * 1_000_000_000 + header.stamp.nanosec
@@ -127,26 +248,59 @@ class ImageIntake:
             return stamp, True
         return self.node.get_clock().now().nanoseconds, False
 
-    def _accept(self, msg, compressed):
-        """Keep ``msg`` as the newest image if every check on its headers passes."""
-        self._frame_arrived()
+    def _accept(self, camera, msg, compressed):
+        """Keep ``msg`` as the camera's newest frame if every check on its headers passes."""
+        self._frame_arrived(camera)
         stamp, stamped = self._stamp_ns(msg.header)
+        topic = camera.name + ('/compressed' if compressed else '')
         try:
             # Headers only: every check the engine's image processor would make, and the size
-            # of a compressed image from its header (never decoded here).
+            # of a compressed image from its header (decoded here only when due for the video
+            # ring, below).
             (ros_image.check_compressed if compressed else ros_image.check_image)(msg)
             ahead = (stamp - self.node.get_clock().now().nanoseconds) / 1e9
             if ahead > FUTURE_TOLERANCE_S:
                 raise ros_image.ImageConversionError(
                     f'stamp is {ahead:.1f} s in the future (clocks out of sync?)')
         except ros_image.ImageConversionError as exc:
-            # Refused once, here: the prompts after it are answered text-only.
+            # Refused once, here: the prompts after it do without this camera.
             with self._lock:
-                self._newest = None
-            self._reject('image/compressed' if compressed else 'image', str(exc))
+                camera.newest = None
+            self._reject(topic, str(exc))
+            return
+        pending = PendingImage(msg, compressed, stamp, stamped)
+        with self._lock:
+            camera.newest = pending
+            if len(self.cameras) > 1:
+                found = self._sync.add(camera.index, stamp, pending)
+                if found is not None:
+                    self._synced = found
+            keep = self._processor is not None and camera.ring.wants(stamp)
+        if keep:
+            self._keep_for_video(camera, pending, topic)
+
+    def _keep_for_video(self, camera, pending, topic):
+        # Only frames due on the video_fps grid get here: decoded and resized once, now.
+        try:
+            rgb = resize_for_model(pending.rgb(), self._processor)
+        except ros_image.ImageConversionError as exc:
+            with self._lock:
+                camera.newest = None
+            self._reject(topic, str(exc))
             return
         with self._lock:
-            self._newest = PendingImage(msg, compressed, stamp, stamped)
+            camera.ring.offer(pending.stamp_ns, lambda: rgb, pending.msg.header.frame_id,
+                              pending.stamped)
+        self._report_memory()
+
+    def _report_memory(self):
+        with self._lock:
+            rings = [c.ring for c in self.cameras]
+            held = sum(r.nbytes for r in rings)
+            frames = sum(len(r) for r in rings)
+            limit = sum(r.limit_bytes(*r.frame_shape[:2]) for r in rings if r.frame_shape)
+        self.node.info.update(video_buffer_bytes=held, video_buffer_frames=frames,
+                              video_buffer_limit_bytes=limit)
 
     def _reject(self, topic, reason):
         self.node.info.add(errors=1)
@@ -156,24 +310,32 @@ class ImageIntake:
             self._reported[reason] = now
             self.node.publish_error(f'image on {topic} rejected: {reason}')
 
-    def _frame_arrived(self):
-        self._last_frame_at = time.monotonic()
-        if self.node.info.snapshot().camera:
-            self.node.info.update(camera='')
-            self.node.get_logger().info('camera frames are arriving again')
+    def _frame_arrived(self, camera):
+        camera.last_frame_at = time.monotonic()
+        if camera.blind:
+            camera.blind = ''
+            self._report_blindness()
+            self.node.get_logger().info(f'camera {camera.name}: frames are arriving again')
+
+    def _report_blindness(self):
+        self.node.info.update(camera='; '.join(c.blind for c in self.cameras if c.blind))
 
     def check_camera(self):
-        """Say once (on ``error`` and in /diagnostics) when a camera is matched but blind."""
-        topics = self.topics()
+        """Say once per camera (on ``error``, in /diagnostics) when it is matched but blind."""
+        for camera in self.cameras:
+            self._check(camera)
+
+    def _check(self, camera):
+        topics = camera.topics()
         publishers = sum(self.node.count_publishers(topic) for topic in topics)
         now = time.monotonic()
         if publishers == 0:
-            self._publishers_since = None
+            camera.publishers_since = None
             return
-        if self._publishers_since is None:
-            self._publishers_since = now
-        since = max(self._publishers_since, self._last_frame_at or -math.inf)
-        if self.node.info.snapshot().camera or now - since < BLIND_AFTER_S:
+        if camera.publishers_since is None:
+            camera.publishers_since = now
+        since = max(camera.publishers_since, camera.last_frame_at or -math.inf)
+        if camera.blind or now - since < BLIND_AFTER_S:
             return
         if self.node.dds_profile:
             fix = ('this node already takes its frames over UDP (its own Fast DDS profile): '
@@ -185,8 +347,8 @@ class ImageIntake:
                    'FASTRTPS_DEFAULT_PROFILES_FILE so that it applies its own profile, give '
                    'the camera config/fastdds_large_images.xml, or publish reliable or on '
                    '<topic>/compressed')
-        text = (f'blind: {publishers} publisher(s) on {" and ".join(topics)} but no frame '
-                f'arrived for {now - since:.0f} s; large best-effort frames are lost by '
-                f'Fast DDS shared memory (> 512 KB). Fix: {fix}')
-        self.node.info.update(camera=text)
-        self.node.publish_error(text)
+        camera.blind = (f'blind: {publishers} publisher(s) on {" and ".join(topics)} but no '
+                        f'frame arrived for {now - since:.0f} s; large best-effort frames are '
+                        f'lost by Fast DDS shared memory (> 512 KB). Fix: {fix}')
+        self._report_blindness()
+        self.node.publish_error(camera.blind)

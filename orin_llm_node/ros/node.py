@@ -23,7 +23,8 @@ from std_srvs.srv import Trigger
 from orin_llm_node.ros import parameters
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
 from orin_llm_node.ros.intake import ImageIntake, Request
-from orin_llm_node.ros.worker import Worker, preview
+from orin_llm_node.ros.request_envelope import EnvelopeError, parse_envelope
+from orin_llm_node.ros.worker import Worker, cameras_info, preview
 
 NODE_NAME = 'orin_llm'
 # Deep enough that DDS never drops a prompt while the executor is busy: every prompt reaches
@@ -89,6 +90,7 @@ class OrinLLMNode(LifecycleNode):
         self.intake = ImageIntake(self)
         self.worker = Worker(self)
         self._prompt_sub = None         # from configure to cleanup
+        self._envelope_sub = None       # prompt/json, likewise
         self._open_services = []        # from activate to deactivate
         self.add_on_set_parameters_callback(lambda params: parameters.on_set(self, params))
         self.create_timer(self.params['diagnostics_period_s'], self._on_idle_timer)
@@ -156,39 +158,80 @@ class OrinLLMNode(LifecycleNode):
 
     # ---- prompts and services (executor) ---------------------------------------------------
 
-    def _refuse(self, request_id, text, reason):
-        """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered."""
+    def _refuse(self, request_id, text, reason, tag=None, extra=None):
+        """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered.
+
+        ``extra``: more ``response/info`` fields (what the cameras gave, for a clip refused).
+        """
         self.publish_error(f'request {request_id}: {reason}')
-        self.publish_info({'request_id': request_id, 'prompt': text, 'text': None,
-                           'image': None, 'finish_reason': 'refused', 'error': reason})
+        info = {'request_id': request_id, 'prompt': text, 'text': None,
+                'image': None, **(extra or {}), 'finish_reason': 'refused', 'error': reason}
+        if tag is not None:
+            info['tag'] = tag
+        self.publish_info(info)
 
     def _on_prompt(self, msg):
-        text = msg.data
         request_id = self._next_request_id
         self._next_request_id += 1
+        self._enqueue(request_id, msg.data)
+
+    def _on_prompt_json(self, msg):
+        """A ``prompt/json`` request envelope (request_envelope.py): checked, then queued."""
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        if len(msg.data) > parameters.MAX_PROMPT_CHARS:
+            self._refuse(request_id, msg.data[:200], f'request of {len(msg.data)} characters '
+                         f'rejected (limit {parameters.MAX_PROMPT_CHARS})')
+            return
+        try:
+            envelope = parse_envelope(msg.data)
+        except EnvelopeError as exc:
+            self._refuse(request_id, None, f'prompt/json refused: {exc}', exc.tag)
+            return
+        self._enqueue(request_id, envelope.pop('prompt'), envelope)
+
+    def _enqueue(self, request_id, text, envelope=None):
+        """Check a prompt, pair it with the cameras' frames (or clips) and queue it.
+
+        ``envelope``: the checked keys of a ``prompt/json`` request; its ``video_s`` asks for
+        a clip (plain prompts: the ``video_window_s`` parameter).
+        """
+        tag = (envelope or {}).get('tag')
         if not text.strip():
-            self._refuse(request_id, text, 'empty prompt ignored')
+            self._refuse(request_id, text, 'empty prompt ignored', tag)
             return
         if len(text) > parameters.MAX_PROMPT_CHARS:
             self._refuse(request_id, text[:200], f'prompt of {len(text)} characters rejected '
-                         f'(limit {parameters.MAX_PROMPT_CHARS})')
+                         f'(limit {parameters.MAX_PROMPT_CHARS})', tag)
             return
         state = self.info.snapshot().state
         if state != 'ready':
-            self._refuse(request_id, text, f'node is {state}: activate it to take prompts')
+            self._refuse(request_id, text, f'node is {state}: activate it to take prompts', tag)
+            return
+        video_s = (envelope or {}).get('video_s', self.runtime('video_window_s'))
+        if video_s > self.params['video_buffer_s']:
+            self._refuse(request_id, text, f'a clip of {video_s:g} s asked for, but each camera '
+                         f"keeps {self.params['video_buffer_s']:g} s (video_buffer_s)", tag)
             return
         now = self.get_clock().now().nanoseconds
-        image, no_image = self.intake.take(now, self.params['image_max_age_s'])
-        if no_image:
-            self.get_logger().info(f'{no_image}: the prompt is answered text-only')
+        views, synchronised = self.intake.take(now, self.params['image_max_age_s'], video_s)
+        request = Request(request_id, text, views, now, synchronised, video_s, envelope)
+        missing = '; '.join(f'{v.name}: {v.missing}' for v in views if v.missing)
+        if video_s > 0 and all(v.missing for v in views):
+            self._refuse(request_id, text, f'a clip of the last {video_s:g} s has zero frames '
+                         f'({missing})', tag, cameras_info(request))
+            return
+        if missing:
+            self.get_logger().info(f'{missing}: the prompt is answered without '
+                                   + ('these cameras' if len(views) > 1 else 'an image'))
         capacity = self.params['queue_size']
-        dropped = self.worker.submit(Request(request_id, text, image, now, no_image), capacity)
+        dropped = self.worker.submit(request, capacity)
         self.info.update(queue_depth=self.worker.queue_depth())
         if dropped is not None:
             self.info.add(dropped_prompts=1)
             self._refuse(dropped.request_id, dropped.text,
                          f"queue full (queue_size {capacity}): dropped the oldest prompt "
-                         f"'{preview(dropped.text)}'")
+                         f"'{preview(dropped.text)}'", (dropped.envelope or {}).get('tag'))
 
     def _on_reset(self, request, response):
         del request
@@ -250,13 +293,15 @@ class OrinLLMNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         self._prompt_sub = self.create_subscription(String, 'prompt', self._on_prompt,
                                                     _qos(PROMPT_DEPTH))
+        self._envelope_sub = self.create_subscription(String, 'prompt/json',
+                                                      self._on_prompt_json, _qos(PROMPT_DEPTH))
         self.info.update(state='inactive', detail='')
         self.diagnostics(force=True)
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state):
         """Open the image subscriptions and the services; ``ready`` turns true."""
-        self.intake.subscribe(self.params['image_qos'])
+        self.intake.subscribe(self.params['image_qos'], self.worker.frame_processor())
         self._open_services = [self.create_service(Trigger, 'reset', self._on_reset),
                                self.create_service(Trigger, 'cancel', self._on_cancel)]
         self.info.update(state='ready', detail='')
@@ -275,16 +320,18 @@ class OrinLLMNode(LifecycleNode):
             self.destroy_service(srv)
         self._open_services = []
         for request in self.worker.drain():
-            self._refuse(request.request_id, request.text, 'node deactivated')
+            self._refuse(request.request_id, request.text, 'node deactivated',
+                         (request.envelope or {}).get('tag'))
         self.publish_error('deactivated: prompts are refused until the node is activated')
         self.diagnostics(force=True)
         return TransitionCallbackReturn.SUCCESS
 
     def on_cleanup(self, state):
         """Free the engine (weights, KV pool, graphs)."""
-        if self._prompt_sub is not None:
-            self.destroy_subscription(self._prompt_sub)
-            self._prompt_sub = None
+        for sub in (self._prompt_sub, self._envelope_sub):
+            if sub is not None:
+                self.destroy_subscription(sub)
+        self._prompt_sub = self._envelope_sub = None
         self.worker.call('unload')
         self.info.update(state='unconfigured', detail='')
         self.diagnostics(force=True)

@@ -9,10 +9,15 @@ once, when the node starts or a run-time parameter is set.
 """
 
 from dataclasses import dataclass
+import json
 import math
 from pathlib import Path
+import re
 
 MAX_PROMPT_CHARS = 100_000
+MAX_CAMERAS = 8
+# A relative or absolute ROS topic name made of plain tokens (no substitutions, no '~').
+_TOPIC_NAME = re.compile(r'/?[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*')
 
 
 class ParameterError(ValueError):
@@ -23,6 +28,17 @@ def _model_path_ok(v):
     if v == '' or (Path(v).expanduser() / 'config.json').is_file():
         return None
     return 'must be empty (demo checkpoint) or a checkpoint directory containing config.json'
+
+
+def _topic_names(names):
+    if not 1 <= len(names) <= MAX_CAMERAS:
+        return f'must name 1 to {MAX_CAMERAS} cameras'
+    bad = [n for n in names if not isinstance(n, str) or not _TOPIC_NAME.fullmatch(n)]
+    if bad:
+        return f'{bad[0]!r} is not a topic name (tokens of letters, digits and _ joined by /)'
+    if len(set(names)) != len(names):
+        return 'names a camera twice'
+    return None
 
 
 def _choice(*options):
@@ -49,6 +65,20 @@ def _float_in(low, high=math.inf, low_open=False, allow_inf=False):
             return f'must be in {lo}{low}, {hi}'
         return None
     return check
+
+
+def _json_object_text(v):
+    if v == '':
+        return None
+    try:
+        return None if isinstance(json.loads(v), dict) else 'must be a JSON object'
+    except ValueError as exc:
+        return f'is not JSON: {exc}'
+
+
+def response_format(text):
+    """The ``response_format`` parameter's JSON text as a dict (empty: None)."""
+    return json.loads(text) if text else None
 
 
 @dataclass(frozen=True)
@@ -110,6 +140,23 @@ PARAMETERS = (
           constraints='auto | best_effort | reliable'),
     Param('image_max_age_s', 2.0, 'a prompt uses the newest image only if it is at most this old',
           _float_in(0.0, low_open=True, allow_inf=True), constraints='> 0.0'),
+    Param('image_topics', ['image'], 'camera names: each gets NAME (Image) and NAME/compressed '
+          'subscriptions; a prompt pairs with one frame per camera, in this order, each '
+          'introduced by its name (README: "Several cameras")', _topic_names,
+          constraints=f'1..{MAX_CAMERAS} distinct topic names'),
+    Param('camera_sync_s', 0.1, "cameras' header stamps in one set lie within this many seconds "
+          "(message_filters' approximate-time policy)", _float_in(0.0, 10.0, low_open=True),
+          constraints='(0, 10]'),
+    Param('video_fps', 2.0, 'frames per second each camera keeps for video prompts',
+          _float_in(0.0, 30.0, low_open=True), constraints='(0, 30]'),
+    Param('video_buffer_s', 8.0, 'seconds of frames each camera keeps, at video_fps and the '
+          "model's image size (0 = no video)", _float_in(0.0, 60.0), constraints='[0, 60]'),
+    Param('video_max_pixels', 0, "a clip's pixels (frames x height x width) at most this many; "
+          "never above the checkpoint's own maximum (0 = checkpoint default)",
+          constraints='>= 0'),
+    Param('video_window_s', 0.0, 'plain prompts get a clip of the last this many seconds of each '
+          'camera instead of one frame (0 = off; the prompt/json envelope asks with video_s)',
+          _float_in(0.0, 60.0), runtime=True, constraints='[0, video_buffer_s]'),
     Param('queue_size', 4, 'prompts waiting to be answered (overflow drops the oldest)',
           _int_at_least(1, 1000), constraints='1..1000'),
     Param('diagnostics_period_s', 1.0, 'period of /diagnostics',
@@ -120,12 +167,16 @@ PARAMETERS = (
           _choice('chat', 'single'), constraints='chat | single'),
     Param('max_generation_s', 0.0, 'deadline per answer in seconds (0 = none)',
           constraints='>= 0.0'),
+    Param('response_format', '', 'JSON object constraining the answers to plain prompts: '
+          '{"type": "json_object"}, {"type": "json_schema", "schema": {...}} or '
+          '{"type": "regex", "pattern": "..."} (empty = free text)', _json_object_text,
+          runtime=True, constraints='empty | JSON object'),
 )
 PARAMS_BY_NAME = {p.name: p for p in PARAMETERS}
 RUNTIME_PARAMETERS = tuple(p.name for p in PARAMETERS if p.runtime)
 
 _TYPE_NAMES = {bool: 'a boolean', int: 'an integer', float: 'a double (e.g. 1.0)',
-               str: 'a string'}
+               str: 'a string', list: 'a list of strings (e.g. [front, wrist])'}
 
 
 def check_parameter(name, value):
@@ -148,11 +199,15 @@ def check_parameters(values):
         reason = check_parameter(name, values[name])
         if reason:
             raise ParameterError(reason)
+    if values['video_window_s'] > values['video_buffer_s']:
+        raise ParameterError(
+            f"parameter 'video_window_s' = {values['video_window_s']!r}: must not exceed "
+            f"video_buffer_s ({values['video_buffer_s']!r}), the seconds each camera keeps")
     try:
         engine_config(values, values['model_path'] or 'demo_model')
         sampling_params(values)
     except ValueError as exc:
-        field = str(exc).split()[0]
+        field = str(exc).split()[0].split('.')[0]  # 'response_format.type' names a parameter
         name = _ENGINE_FIELDS.get(field, field)
         given = f' = {values[name]!r}' if name in values else ''
         raise ParameterError(f"parameter '{name}'{given}: {exc}") from None
@@ -174,7 +229,8 @@ def engine_config(values, model_path):
         enable_cuda_graph=values['enable_cuda_graph'],
         attention_backend=values['attention_backend'],
         image_max_pixels=values['image_max_pixels'] or None,
-        image_min_pixels=values['image_min_pixels'] or None)
+        image_min_pixels=values['image_min_pixels'] or None,
+        video_max_pixels=values['video_max_pixels'] or None)
 
 
 def sampling_params(values):
@@ -184,7 +240,8 @@ def sampling_params(values):
     return SamplingParams(
         max_tokens=values['max_new_tokens'], temperature=values['temperature'],
         top_p=values['top_p'], top_k=values['top_k'], seed=None if seed == -1 else seed,
-        timeout_s=None if deadline == 0 else deadline)
+        timeout_s=None if deadline == 0 else deadline,
+        response_format=response_format(values['response_format']))
 
 
 _TRUE = ('true', '1', 'yes', 'on')
@@ -199,6 +256,9 @@ def from_text(name, text):
             if text.lower() not in _TRUE + _FALSE:
                 raise ValueError
             return text.lower() in _TRUE
+        if kind is list:                # "[front, wrist]" or "front,wrist"
+            inner = text.strip().removeprefix('[').removesuffix(']')
+            return [t.strip().strip('\'"') for t in inner.split(',') if t.strip()]
         return text if kind is str else kind(text)
     except ValueError:
         raise ParameterError(
@@ -211,7 +271,8 @@ def declare(node):
     from rclpy.exceptions import InvalidParameterTypeException, ParameterException
 
     ros_types = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
-                 float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING}
+                 float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING,
+                 list: ParameterType.PARAMETER_STRING_ARRAY}
     overrides = getattr(node, '_parameter_overrides', {})
     values = {}
     for spec in PARAMETERS:

@@ -11,11 +11,72 @@ publishing methods.
 """
 
 from collections import deque
+import dataclasses
 import threading
 import time
 import traceback
 
+import numpy as np
+
 from orin_llm_node.ros import model_loading, parameters, ros_image
+from orin_llm_node.ros.frame_ring import FrameSizer
+
+
+def _stamp(ns):
+    return {'sec': ns // 1_000_000_000, 'nanosec': ns % 1_000_000_000}
+
+
+def cameras_info(request):
+    """The ``response/info`` fields naming what each camera gave ``request`` (README schema).
+
+    ``cameras``: per camera, in listed order, its frame (stamp, frame_id) or its clip (frames,
+    first and last stamp, span) or why it was left out; ``camera_sync``: whether the frames
+    are one approximate-time set and how far apart their stamps are; ``video``: the clips'
+    time span (null for single frames).
+    """
+    cameras, stamps, clip_stamps = [], [], []
+    for view in request.views:
+        entry = {'name': view.name, 'image': None, 'video': None, 'missing': view.missing or None}
+        if view.clip:
+            first, last = view.clip[0], view.clip[-1]
+            entry['video'] = {'frames': len(view.clip), 'first_stamp': _stamp(first.stamp_ns),
+                              'last_stamp': _stamp(last.stamp_ns),
+                              'stamps': [_stamp(f.stamp_ns) for f in view.clip],
+                              'span_s': round((last.stamp_ns - first.stamp_ns) / 1e9, 6),
+                              'size': list(first.rgb.shape[:2])}
+            clip_stamps += [first.stamp_ns, last.stamp_ns]
+        elif view.image is not None:
+            entry['image'] = view.image.describe()
+            stamps.append(view.image.stamp_ns)
+        cameras.append(entry)
+    info = {'cameras': cameras,
+            'camera_sync': {'synchronised': bool(stamps) and request.synchronised,
+                            'spread_s': round((max(stamps) - min(stamps)) / 1e9, 6)
+                            if stamps else None},
+            'video': None}
+    if request.video_s > 0:
+        info['video'] = {'seconds': request.video_s,
+                         'start': _stamp(min(clip_stamps)) if clip_stamps else None,
+                         'end': _stamp(max(clip_stamps)) if clip_stamps else None,
+                         'span_s': round((max(clip_stamps) - min(clip_stamps)) / 1e9, 6)
+                         if clip_stamps else None}
+    return info
+
+
+# prompt/json key -> the SamplingParams field it overrides for its own answer.
+_ENVELOPE_SAMPLING = {'max_new_tokens': 'max_tokens', 'temperature': 'temperature',
+                      'response_format': 'response_format'}
+
+
+def _with_envelope_keys(info, request, result):
+    """``info`` plus the envelope's ``tag`` and, for a constrained answer, ``json``/``valid``."""
+    tag = (request.envelope or {}).get('tag')
+    if tag is not None:
+        info['tag'] = tag
+    if result is not None and result.valid is not None:
+        info['valid'] = result.valid
+        info['json'] = result.parsed
+    return info
 
 
 def preview(text, n=60):
@@ -178,9 +239,9 @@ class Worker:
             self.node.publish_error(text)
             return
         self.node.publish_error(f'{text} (request {request.request_id})')
-        self.node.publish_info({'request_id': request.request_id, 'prompt': request.text,
-                                'text': None, 'image': None, 'finish_reason': 'error',
-                                'error': text})
+        info = {'request_id': request.request_id, 'prompt': request.text, 'text': None,
+                'image': None, **cameras_info(request), 'finish_reason': 'error', 'error': text}
+        self.node.publish_info(_with_envelope_keys(info, request, None))
 
     def _drop_conversation(self, why=None):
         if self._conv is not None and self.engine is not None:
@@ -198,43 +259,87 @@ class Worker:
             self._conv_system_prompt = system_prompt
         return self._conv
 
-    def _sampling(self):
-        # Run-time parameters may have changed since the last prompt.
+    def _sampling(self, request):
+        # Run-time parameters may have changed since the last prompt; an envelope's keys
+        # override them for its own answer.
         values = dict(self.node.params)
         values.update({name: self.node.runtime(name) for name in parameters.RUNTIME_PARAMETERS})
-        return parameters.sampling_params(values)
+        sampling = parameters.sampling_params(values)
+        env = request.envelope or {}
+        for key, field in _ENVELOPE_SAMPLING.items():
+            if key in env:
+                sampling = dataclasses.replace(sampling, **{field: env[key]})
+        return sampling
 
-    def _decode_image(self, request):
-        """The request's image as RGB, or None (the reason goes to ``request.no_image``)."""
-        pending = request.image
-        if pending is None:
-            return None
-        try:
-            if pending.compressed:
-                return ros_image.compressed_to_rgb(pending.msg)
-            return ros_image.image_to_rgb(pending.msg)
-        except ros_image.ImageConversionError as exc:
-            self.node.intake.forget(pending)    # do not pair it with the next prompt
-            self.node.info.add(errors=1)
-            self.node.publish_error(f'image rejected: {exc}; the prompt is answered text-only')
-            request.no_image = f'image rejected: {exc}'
-            return None
+    def frame_processor(self):
+        """What sizes the frames kept for video (the engine's processors), once loaded."""
+        return None if self.engine is None else FrameSizer.of(self.engine.prompts)
+
+    def _decode(self, request):
+        """[(view, RGB array or VideoClip)] of the cameras that give the prompt something.
+
+        A frame that cannot be decoded leaves its camera out (the reason goes to the view).
+        """
+        used = []
+        for view in request.views:
+            if view.clip:
+                from orin_llm_node.processing import VideoClip
+                first = view.clip[0].stamp_ns
+                used.append((view, VideoClip([f.rgb for f in view.clip],
+                                             [(f.stamp_ns - first) / 1e9 for f in view.clip])))
+                continue
+            if view.image is None:
+                continue
+            try:
+                used.append((view, view.image.rgb()))
+            except ros_image.ImageConversionError as exc:
+                self.node.intake.forget(view.image)     # do not pair it with the next prompt
+                self.node.info.add(errors=1)
+                self.node.publish_error(f'image from {view.name} rejected: {exc}; the prompt is '
+                                        'answered without it')
+                view.image, view.missing = None, f'image rejected: {exc}'
+        return used
+
+    @staticmethod
+    def _content(request, used):
+        """The engine's (text, images, videos) for ``used``.
+
+        One camera: the text as it is, with its frame or clip (exactly the prompt of the
+        single-camera node).  Several: one text of parts, each frame or clip introduced by its
+        camera's name in the listed order, then the question.
+        """
+        if len(request.views) == 1:
+            images = [x for _, x in used if isinstance(x, np.ndarray)]
+            videos = [x for _, x in used if not isinstance(x, np.ndarray)]
+            return request.text, images, videos
+        parts = []
+        if len(used) > 1 and not request.synchronised:
+            parts.append('(The frames below are the newest of each camera, not taken at the '
+                         'same time.)\n')
+        for view, x in used:
+            parts += [f'{view.name}: ', x, '\n']
+        return parts + [request.text], [], []
 
     def _answer(self, request):
         from orin_llm_node.engine import FinishReason
         node = self.node
         node.info.add(requests=1)
-        rgb = self._decode_image(request)
-        if rgb is not None:
-            node.info.update(last_image_stamp=request.image.stamp_ns / 1e9)
-        sampling = self._sampling()
+        used = self._decode(request)
+        stamps = [v.image.stamp_ns for v, _ in used if v.image is not None]
+        if stamps:
+            node.info.update(last_image_stamp=max(stamps) / 1e9)
+        text, images, videos = self._content(request, used)
+        sampling = self._sampling(request)
+        if (request.envelope or {}).get('conversation') == 'new':
+            self._drop_conversation('prompt/json asked for a new conversation')
         conv = self._conversation()
         t0 = time.monotonic()
         result = None
+        # videos only when there is one: the keyword is the video-capable engine's.
+        extra = {'videos': videos} if videos else {}
         try:
-            for event in self.engine.chat_stream(conv, request.text,
-                                                 images=[rgb] if rgb is not None else [],
-                                                 sampling=sampling):
+            for event in self.engine.chat_stream(conv, text, images=images, sampling=sampling,
+                                                 **extra):
                 if event.delta:
                     node.publish_stream(event.delta)
                 if event.result is not None:
@@ -252,19 +357,22 @@ class Worker:
         node.info.update(last_finish_reason=finish, last_ttft_ms=1000.0 * result.ttft_s,
                          last_vision_ms=1000.0 * result.vision_s,
                          last_decode_tok_s=result.decode_tok_s)
-        node.publish_info({
+        first = request.views[0] if request.views else None
+        node.publish_info(_with_envelope_keys({
             'request_id': request.request_id, 'prompt': request.text,
             'text': None if result.error else result.text,
-            'image': request.image.describe() if rgb is not None else None,
-            'no_image': request.no_image or None,
+            'image': first.image.describe() if first and first.image else None,
+            'no_image': (first.missing or None) if first else 'no camera',
+            **cameras_info(request),
             'finish_reason': finish, 'error': result.error,
             'generated_tokens': len(result.token_ids), 'cached_tokens': result.cached_tokens,
             'prompt_tokens': len(result.prompt_token_ids),
             'ttft_ms': round(1000.0 * result.ttft_s, 3),
             'decode_tok_s': round(result.decode_tok_s, 3),
-            'weight_format': self.engine.weight_format})
-        what = f"'{preview(request.text)}'" + (
-            f' + {rgb.shape[1]}x{rgb.shape[0]} image' if rgb is not None else '')
+            'weight_format': self.engine.weight_format}, request, result))
+        what = f"'{preview(request.text)}'" + ''.join(
+            f' + {x.shape[1]}x{x.shape[0]} image' if isinstance(x, np.ndarray)
+            else f' + {len(x.frames)}-frame clip' for _, x in used)
         if result.error:
             node.info.add(errors=1)
             node.publish_error(f'prompt {what} rejected ({finish}, request '

@@ -1,0 +1,111 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The request envelope of the ``prompt/json`` topic: one JSON object per request.
+
+``{"prompt": "...", "response_format": {...}, "max_new_tokens": 64, "temperature": 0.0,
+"conversation": "new" | "continue", "tag": "client-chosen id", "video_s": 4}``: only
+``prompt`` is required.
+:data:`KEYS` is the one table of what an envelope may hold (a new key is one row there, plus
+what the worker does with it); :func:`parse_envelope` checks a message against it and raises
+:class:`EnvelopeError` with the reason (and the ``tag``, when one could be read, so that the
+refusal can be matched by the client) for unknown keys and bad values.
+"""
+
+from dataclasses import dataclass
+import json
+import math
+
+from orin_llm_node.engine.structured import check_response_format
+
+
+class EnvelopeError(ValueError):
+    """An envelope the node refuses; ``str(err)`` is the reason, ``tag`` the client's id."""
+
+    def __init__(self, reason, tag=None):
+        super().__init__(reason)
+        self.tag = tag
+
+
+def _number(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return 'must be a number'
+    return None if math.isfinite(v) else 'must be a finite number'
+
+
+def _non_negative(v):
+    return _number(v) or (None if v >= 0 else 'must be >= 0')
+
+
+def _positive_int(v):
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        return 'must be a positive integer'
+    return None
+
+
+def _text(v):
+    return None if isinstance(v, str) else 'must be a string'
+
+
+def _prompt(v):
+    return _text(v) or (None if v.strip() else 'must not be empty')
+
+
+def _choice(*options):
+    def check(v):
+        return None if v in options else f"must be one of {', '.join(map(repr, options))}"
+    return check
+
+
+def _response_format(v):
+    try:
+        check_response_format(v)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass(frozen=True)
+class Key:
+    """One envelope key: its check (``value -> reason or None``) and what it means."""
+
+    check: object
+    description: str
+    required: bool = False
+
+
+KEYS = {
+    'prompt': Key(_prompt, 'the question (text)', required=True),
+    'response_format': Key(_response_format, 'json_object / json_schema / regex constraint; '
+                           'overrides the response_format parameter'),
+    'max_new_tokens': Key(_positive_int, 'most tokens generated (overrides max_new_tokens)'),
+    'temperature': Key(_non_negative, 'sampling temperature (overrides temperature)'),
+    'conversation': Key(_choice('new', 'continue'), "'new' forgets the history first; "
+                        "'continue' (default) answers in the current conversation"),
+    'tag': Key(_text, 'client-chosen id, echoed in response/info'),
+    'video_s': Key(_non_negative, "a clip of each camera's last this many seconds instead of "
+                   'one frame (0: one frame; overrides video_window_s; at most video_buffer_s)'),
+}
+
+
+def parse_envelope(text):
+    """The checked keys of one ``prompt/json`` message, as a dict; ``EnvelopeError`` if not."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise EnvelopeError(f'not JSON: {exc}') from None
+    if not isinstance(data, dict):
+        raise EnvelopeError(f'must be a JSON object, got {type(data).__name__}')
+    tag = data.get('tag') if isinstance(data.get('tag'), str) else None
+    unknown = sorted(set(data) - set(KEYS))
+    if unknown:
+        raise EnvelopeError(f"unknown key(s) {', '.join(map(repr, unknown))} (known: "
+                            f"{', '.join(KEYS)})", tag)
+    for name, key in KEYS.items():
+        if name not in data:
+            if key.required:
+                raise EnvelopeError(f'{name!r} is required', tag)
+            continue
+        reason = key.check(data[name])
+        if reason:
+            raise EnvelopeError(f'{name} {reason}', tag)
+    return data

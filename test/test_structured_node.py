@@ -1,0 +1,214 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""``prompt/json`` and the ``response_format`` parameter over real loopback DDS.
+
+A node process on the demo checkpoint: every refusal of the envelope (reason on ``error`` and
+``response/info``, the tag echoed), a constrained answer about a red circle (``json``,
+``valid``), ``max_new_tokens`` / ``conversation`` overrides, the ``response_format``
+parameter for plain prompts. A second node process on a tiny checkpoint runs without
+llguidance: it starts, answers plain prompts and refuses constrained ones with the reason.
+"""
+
+import json
+from pathlib import Path
+import subprocess
+import sys
+
+import jsonschema
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip('rclpy')
+
+from std_msgs.msg import String  # noqa: E402
+import test_node  # noqa: E402
+from test_node import RELIABLE, Probe, connect, start_node, stop  # noqa: E402
+from test_structured import ROBOT_SCHEMA  # noqa: E402
+
+from orin_llm_node.testing import shapes  # noqa: E402
+
+pytestmark = pytest.mark.ros
+
+DEMO = Path(__file__).resolve().parents[1] / 'orin_llm_node' / 'demo_model'
+NS = '/llm_json'
+NO_LIB_NS = '/llm_json_nolib'
+TIMEOUT = 60.0
+
+
+class EnvelopeProbe(Probe):
+    """A Probe with a ``prompt/json`` publisher; answers are matched by their tag."""
+
+    def __init__(self, ns):
+        super().__init__(ns)
+        self.pub_json = self.node.create_publisher(String, f'{ns}/prompt/json', RELIABLE)
+        self.spin_until(lambda: self.pub_json.get_subscription_count() > 0, 20.0,
+                        'the prompt/json subscription')
+        # Until a refusal comes back, response/info may not be matched yet: say hello (a
+        # refused envelope, nothing generated) until one does.
+        for _ in range(10):
+            self.pub_json.publish(String(data='{"tag": "hello"}'))
+            self.spin_for(2.0)
+            if any(i.get('tag') == 'hello' for i in self.infos):
+                break
+        self.sent = 0
+
+    def send(self, envelope, raw=None):
+        """Publish an envelope (or ``raw`` text); the response/info that carries its tag."""
+        self.sent += 1
+        tag = f't{self.sent}'
+        if raw is None:
+            envelope = {**envelope, 'tag': tag}
+        n_info = len(self.infos)
+        self.pub_json.publish(String(data=raw if raw is not None else json.dumps(envelope)))
+
+        def mine():
+            return [i for i in self.infos[n_info:] if i.get('tag') != 'hello' and (
+                raw is not None or i.get('tag') == tag)]
+
+        self.spin_until(mine, TIMEOUT, f'response/info for {tag}')
+        return mine()[0]
+
+
+@pytest.fixture(scope='module')
+def probe(tmp_path_factory):
+    proc = start_node(DEMO, NS, tmp_path_factory.mktemp('json_node'), 'max_new_tokens:=48',
+                      'conversation_mode:=chat')
+    p = None
+    try:
+        connect(proc, NS).close()
+        p = EnvelopeProbe(NS)
+        yield p
+    finally:
+        if p is not None:
+            p.close()
+        stop(proc)
+
+
+@pytest.mark.parametrize(('raw', 'reason'), [
+    ('{"prompt": ', 'not JSON'),
+    ('["What colour?"]', 'must be a JSON object'),
+    ('{"prompt": "Hi", "tag": "bad1", "colour": "red"}', "unknown key(s) 'colour'"),
+    ('{"tag": "bad2"}', "'prompt' is required"),
+    ('{"prompt": "Hi", "tag": "bad3", "max_new_tokens": -4}',
+     'max_new_tokens must be a positive integer'),
+    ('{"prompt": "Hi", "tag": "bad4", "temperature": "warm"}', 'temperature must be a number'),
+    ('{"prompt": "Hi", "tag": "bad5", "conversation": "keep"}', 'conversation must be one of'),
+    ('{"prompt": "Hi", "tag": "bad6", "response_format": {"type": "xml"}}',
+     'response_format.type must be one of'),
+])
+def test_every_refusal_names_its_reason_and_echoes_the_tag(probe, raw, reason):
+    n_err = len(probe.errors)
+    info = probe.send(None, raw=raw)
+    assert info['finish_reason'] == 'refused' and info['text'] is None
+    assert reason in info['error'], info
+    tag = json.loads(raw).get('tag') if raw.startswith('{"prompt": "Hi"') or 'tag' in raw \
+        else None
+    assert info.get('tag') == tag
+    probe.spin_until(lambda: any(reason in e for e in probe.errors[n_err:]), 10.0,
+                     f'{reason!r} on error')
+
+
+def test_a_schema_the_library_rejects_is_an_error_with_the_tag(probe):
+    bad = {'type': 'json_schema', 'schema': {'type': 'object', 'properties': {
+        'x': {'type': 'string', 'pattern': '(unclosed'}}}}
+    info = probe.send({'prompt': 'Hi', 'response_format': bad})
+    assert info['finish_reason'] == 'error' and 'response_format rejected' in info['error']
+    assert info['tag'] == f't{probe.sent}'
+
+
+def test_constrained_answer_about_the_image(probe):
+    scene = shapes.simple_scene('circle', 'red', height=160, width=200)
+    probe.send_image(probe.image(scene.image))
+    n_resp = len(probe.responses)
+    info = probe.send({'prompt': 'What colour is the shape?', 'conversation': 'new',
+                       'response_format': {'type': 'json_schema', 'schema': ROBOT_SCHEMA}})
+    assert info['finish_reason'] == 'stop' and info['valid'] is True, info
+    assert info['image'] is not None
+    jsonschema.validate(info['json'], ROBOT_SCHEMA)
+    assert info['json']['colour'] == 'red'
+    probe.spin_until(lambda: len(probe.responses) > n_resp, 10.0, 'the response')
+    assert json.loads(probe.responses[n_resp]) == info['json']
+    # Too few tokens: the answer is cut (length) and never valid.
+    cut = probe.send({'prompt': 'What colour is the shape?', 'max_new_tokens': 3,
+                      'response_format': {'type': 'json_schema', 'schema': ROBOT_SCHEMA}})
+    assert cut['finish_reason'] == 'length' and cut['valid'] is False and cut['json'] is None
+    assert cut['generated_tokens'] == 3
+
+
+def test_conversation_new_and_continue(probe):
+    first = probe.send({'prompt': 'What shape is it?', 'conversation': 'new'})
+    second = probe.send({'prompt': 'And what colour is it?', 'conversation': 'continue'})
+    assert second['prompt_tokens'] > first['prompt_tokens'] + first['generated_tokens']
+    again = probe.send({'prompt': 'What shape is it?', 'conversation': 'new'})
+    assert again['prompt_tokens'] == first['prompt_tokens']
+    assert 'valid' not in first and 'json' not in first  # unconstrained: no verdict
+
+
+def test_response_format_parameter_constrains_plain_prompts(probe):
+    results = probe.set_params(response_format='{"type": "regex", "pattern": "(yes|no)"}')
+    assert results[0].successful, results[0].reason
+    try:
+        info = probe.ask_info('Is there a shape?')
+        assert info['finish_reason'] == 'stop' and info['valid'] is True
+        assert info['text'] in ('yes', 'no') and info['json'] is None
+    finally:
+        assert probe.set_params(response_format='')[0].successful
+    bad = probe.set_params(response_format='{"type": "yaml"}')
+    assert not bad[0].successful and 'response_format' in bad[0].reason
+    assert 'valid' not in probe.ask_info('Is there a shape now?')
+
+
+def chat(*args):
+    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client', '-n', NS, '--timeout', '120']
+    return subprocess.run(cmd + list(args), env=test_node.ros_env(), capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_chat_client_schema_and_json(probe, tmp_path):
+    import cv2
+
+    image = tmp_path / 'blue_square.png'
+    rgb = shapes.simple_scene('square', 'blue', 160, 200).image
+    assert cv2.imwrite(str(image), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    schema = tmp_path / 'robot.schema.json'
+    schema.write_text(json.dumps(ROBOT_SCHEMA))
+    out = chat('--image', str(image), '--schema', str(schema), 'What colour is the shape?')
+    assert out.returncode == 0, out.stderr[-2000:]
+    answer = json.loads(out.stdout)
+    jsonschema.validate(answer, ROBOT_SCHEMA)
+    assert answer['colour'] == 'blue' and 'valid=true' in out.stderr
+    out = chat('--json', 'What shape is it?')
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert isinstance(json.loads(out.stdout), dict)
+    schema.write_text('{not json')
+    out = chat('--schema', str(schema), 'Hi')
+    assert out.returncode == 1 and 'not JSON' in out.stderr
+
+
+@pytest.fixture(scope='module')
+def no_lib_node(tiny_ckpt, tmp_path_factory):
+    """A node process in which ``import llguidance`` fails."""
+    blocker = tmp_path_factory.mktemp('no_llguidance')
+    (blocker / 'llguidance.py').write_text("raise ImportError('llguidance blocked by the test')\n")
+    env = test_node.ros_env()
+    env['PYTHONPATH'] = f"{blocker}:{env.get('PYTHONPATH', '')}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(test_node, 'ros_env', lambda: env)
+        proc = start_node(tiny_ckpt, NO_LIB_NS, tmp_path_factory.mktemp('nolib'),
+                          'max_new_tokens:=4')
+    try:
+        connect(proc, NO_LIB_NS).close()
+        p = EnvelopeProbe(NO_LIB_NS)
+        yield p
+        p.close()
+    finally:
+        stop(proc)
+
+
+def test_without_llguidance_the_node_runs_and_refuses_constrained_requests(no_lib_node):
+    info = no_lib_node.send({'prompt': 'Hi', 'response_format': {'type': 'json_object'}})
+    assert info['finish_reason'] == 'error' and 'needs llguidance' in info['error']
+    assert 'pip install llguidance' in info['error']
+    plain = no_lib_node.send({'prompt': 'Hi'})
+    assert plain['finish_reason'] in ('stop', 'length') and plain['error'] is None
+    assert np.isfinite(plain['ttft_ms'])
