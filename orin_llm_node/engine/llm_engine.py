@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from orin_llm_node.models import VisionOutput, load_model
+from orin_llm_node.models.loader import check_stop
 from orin_llm_node.processing import (
     ChatTemplate,
     ImageProcessor,
@@ -103,7 +104,12 @@ class StreamEvent:
 class LLMEngine:
     """Qwen3-VL on a paged KV cache with a prefix cache across turns."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, should_stop=None):
+        """Load ``config.model_path`` and size the KV pool.
+
+        ``should_stop`` (a callable, e.g. a stop flag's ``is_set``) is asked between shards and
+        tensors; ``LoadInterrupted`` is raised when it answers True.
+        """
         self.config = config
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
@@ -114,7 +120,8 @@ class LLMEngine:
         if not self.memory_plan.fits:
             raise MemoryPlanError(self.memory_plan.refusal())
         self.model = load_model(path, dtype=self.dtype, device=self.device,
-                                quantization=config.quantization).eval()
+                                quantization=config.quantization,
+                                should_stop=should_stop).eval()
         self._weight_bytes = model_weight_bytes(self.model)
         mcfg = self.model.config
         self.tokenizer = Tokenizer.from_pretrained(path)
@@ -189,7 +196,7 @@ class LLMEngine:
         self._conversations[conv.id] = conv
         return conv
 
-    def warmup(self, image_sizes=None, video_sizes=()) -> float:
+    def warmup(self, image_sizes=None, video_sizes=(), should_stop=None) -> float:
         """Do at start-up what would otherwise stall the first prompts; returns the seconds.
 
         Runs the vision tower once per distinct patch grid of ``image_sizes`` (``(height,
@@ -201,6 +208,8 @@ class LLMEngine:
         bucketed prefill graphs (CUDA only), and indexes the vocabulary for constrained
         decoding when llguidance is installed (1-3 s at 151,936 tokens). Call it on the thread
         that will run the engine; nothing is added to the vision or prefix caches.
+        ``should_stop`` (a callable) is asked before each step; ``LoadInterrupted`` is raised
+        when it answers True.
         """
         if image_sizes is None:
             image_sizes = COMMON_FRAME_SIZES
@@ -216,10 +225,13 @@ class LLMEngine:
             grids.add((-(-int(n) // video.temporal_patch_size), h // video.patch_size,
                        w // video.patch_size))
         for grid in grids:
+            check_stop(should_stop, "warming up the vision tower")
             self.runner.encode_image(
                 torch.zeros(grid[0] * grid[1] * grid[2], 3 * t * p * p), grid)
+        check_stop(should_stop, "warming up")
         self.runner.capture_prefill_graphs()
         if structured_available():
+            check_stop(should_stop, "warming up")
             self._index_vocabulary()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

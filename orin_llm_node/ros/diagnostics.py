@@ -69,6 +69,8 @@ class GenerationSnapshot:
     requests: int = 0
     errors: int = 0
     dropped_prompts: int = 0
+    rejected_images: int = 0        # images refused (headers on arrival, pixels on decode)
+    unsaid_errors: int = 0          # refusals counted but not repeated on `error` (rate limit)
     last_image_stamp: float | None = None
     last_finish_reason: str = ''
     detail: str = ''                # e.g. the load error
@@ -176,6 +178,8 @@ def generation_status(info, recent, name='orin_llm: generation', hardware_id='')
         info = info.snapshot()
     values = [(k, getattr(info, k)) for k in GENERATION_KEYS]
     values.append(('dropped_prompts', info.dropped_prompts))
+    values.append(('rejected_images', info.rejected_images))
+    values.append(('unsaid_errors', info.unsaid_errors))
     values.append(('camera', 'blind' if info.camera else 'ok'))
     values.append(('state', info.state))
     if info.state == 'failed':
