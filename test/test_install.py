@@ -29,7 +29,7 @@ PACKAGE = 'orin_llm_node'
 SHARE_FOLDERS = ('launch', 'config', 'cuda_kernels')
 # Top-level parts of a checkout that a package build never needs (some are large).
 NOT_BUILT = {'.git', '.venv', 'build', 'install', 'log', 'test', 'bench', 'tools', '.whl',
-             '.pytest_cache', '.ruff_cache'}
+             '.pytest_cache', '.ruff_cache', '.venv-np1'}
 
 # Runs in the fresh interpreter: argv = checkout, scratch directory; prints one JSON line.
 PROBE = r'''

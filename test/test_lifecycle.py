@@ -152,3 +152,30 @@ def test_a_signal_during_configure_ends_the_process_at_once(slow_warmup_ckpt, tm
     finally:
         probe.close()
         stop(proc)
+
+
+def test_configure_refuses_a_model_that_cannot_fit(tiny_ckpt, tmp_path):
+    """A configure fails with the memory plan's line and the node stays unconfigured."""
+    ns = '/llm_lifecycle_no_fit'
+    proc = start_node(tiny_ckpt, ns, tmp_path, 'max_model_len:=4000000000', managed=True)
+    probe = Probe(ns)
+    try:
+        probe.spin_until(lambda: probe.ready is not None or proc.poll() is not None, 60.0,
+                         'the latched ready')
+        change = probe.node.create_client(ChangeState, f'{ns}/orin_llm/change_state')
+        get = probe.node.create_client(GetState, f'{ns}/orin_llm/get_state')
+        req = ChangeState.Request()
+        req.transition.id = Transition.TRANSITION_CONFIGURE
+        assert probe.call(change, req, timeout=60.0).success is False
+        assert probe.call(get, GetState.Request()).current_state.id == \
+            State.PRIMARY_STATE_UNCONFIGURED
+        probe.spin_until(lambda: 'does not fit' in probe.generation()[1], 10.0,
+                         'the refusal in diagnostics')
+        assert any('does not fit in memory' in e for e in probe.errors)
+        assert proc.poll() is None
+        req.transition.id = Transition.TRANSITION_UNCONFIGURED_SHUTDOWN
+        assert probe.call(change, req).success
+        assert proc.wait(timeout=30) == 0
+    finally:
+        probe.close()
+        stop(proc)

@@ -664,6 +664,23 @@ def test_load_failure_exits_non_zero_with_one_fatal_line(tmp_path):
     assert 'Traceback' not in proc.stdout + proc.stderr
 
 
+def test_a_model_that_cannot_fit_exits_before_loading_with_one_line(tiny_ckpt, tmp_path):
+    """The memory plan refuses before a weight is read (an 8 GB Orin must not be OOM-killed).
+
+    A max_model_len far beyond this machine's memory: one conversation's KV cannot fit.
+    """
+    proc = subprocess.run(
+        node_command() + ['--ros-args', '-r', '__ns:=/llm_no_fit', '-p',
+                          f'model_path:={tiny_ckpt}', '-p', 'max_model_len:=4000000000'],
+        env=ros_env(), capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-2000:]
+    fatal = [ln for ln in out.splitlines() if 'FATAL' in ln]
+    assert len(fatal) == 1 and 'does not fit in memory' in fatal[0], out[-2000:]
+    assert 'max_model_len=' in fatal[0] and 'available (' in fatal[0]
+    assert 'loaded in' not in out and 'Traceback' not in out
+
+
 def test_empty_model_path_is_the_demo_checkpoint_or_a_clear_error(tmp_path, monkeypatch):
     from orin_llm_node import package_files
     from orin_llm_node.ros import model_loading

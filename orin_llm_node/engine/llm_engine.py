@@ -34,7 +34,8 @@ from .conversation import Conversation
 from .detokenizer import IncrementalDetokenizer
 from .finish_reason import FinishReason
 from .kv_manager import KVBlocks, KVCacheManager, PoolStats
-from .model_runner import ModelRunner, plan_num_blocks
+from .memory_plan import MemoryPlanError, plan_memory
+from .model_runner import ModelRunner
 from .sampler import Sampler
 from .structured import GrammarTokenizer, parse_answer, structured_available
 from .vision_cache import VisionCache
@@ -113,6 +114,11 @@ class LLMEngine:
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
         path = config.model_path
+        # Before a weight is read: a checkpoint that cannot fit is one clear line, not an
+        # out-of-memory kill halfway through loading (Jetson: unified memory).
+        self.memory_plan = plan_memory(config, self.device, self.dtype)
+        if not self.memory_plan.fits:
+            raise MemoryPlanError(self.memory_plan.refusal())
         self.model = load_model(path, dtype=self.dtype, device=self.device,
                                 quantization=config.quantization,
                                 should_stop=should_stop).eval()
@@ -128,7 +134,7 @@ class LLMEngine:
             VideoProcessor.from_pretrained(path).capped(config.video_max_pixels),
             mcfg.video_token_id,
         )
-        num_blocks = plan_num_blocks(config, mcfg.text, self.dtype, self.device)
+        num_blocks = self.memory_plan.num_blocks
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
                                   config.max_model_len, self.device, self.dtype,
                                   enable_cuda_graph=config.enable_cuda_graph,

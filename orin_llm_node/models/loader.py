@@ -43,6 +43,7 @@ __all__ = [
     "checkpoint_view",
     "linear_module_names",
     "load_model",
+    "meta_model",
 ]
 
 SINGLE_FILE = "model.safetensors"
@@ -208,6 +209,39 @@ def _quantized_modules(model_dir: Path, plan, linears: dict[str, str]) -> dict:
     return quantized
 
 
+def _plan(model_dir: Path, cfg: Qwen3VLConfig, keys: list[str], linears: dict[str, str],
+          quantization: str):
+    """The quantization plan and our module -> LayerQuant map (empty for a float model)."""
+    plan = plan_quantization(model_dir, cfg.quantization_config, keys, linears, quantization)
+    quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
+    if "lm_head" in quantized and cfg.tie_word_embeddings:
+        raise ModelLoadError(f"{model_dir}: a quantized lm_head with tied embeddings is not "
+                             "supported")
+    return plan, quantized
+
+
+def meta_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
+               quantization: str = "none", cfg: Qwen3VLConfig | None = None
+               ) -> Qwen3VLForCausalLM:
+    """The model ``load_model`` would build, on the ``meta`` device: sizes without memory.
+
+    Reads ``config.json`` (or takes ``cfg``) and, where the weight files exist, their tensor
+    names (headers only). Without weight files -- a published ``config.json`` alone -- the
+    checkpoint is taken to be a float one with our layer names, which is what at-load
+    quantization needs. ``memory_plan`` counts its bytes before any weight is read.
+    """
+    model_dir = Path(model_dir)
+    cfg = cfg if cfg is not None else load_config(model_dir)
+    try:
+        keys = _checkpoint_keys(_weight_files(model_dir))
+    except ModelLoadError:
+        keys = []                       # config only; load_model reports the missing files
+    linears = (_checkpoint_linears(cfg, keys) if keys
+               else {n: n for n in linear_module_names(cfg)})
+    plan, quantized = _plan(model_dir, cfg, keys, linears, quantization)
+    return build_model(cfg, dtype, "meta", quantized, plan and plan.description)
+
+
 def check_stop(should_stop, what: str) -> None:
     """Raise :class:`LoadInterrupted` if ``should_stop`` (a callable or None) says so."""
     if should_stop is not None and should_stop():
@@ -236,12 +270,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     files = _weight_files(model_dir)
     all_keys = _checkpoint_keys(files)
     linears = _checkpoint_linears(cfg, all_keys)
-    plan = plan_quantization(model_dir, cfg.quantization_config, all_keys, linears,
-                             quantization)
-    quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
-    if "lm_head" in quantized and cfg.tie_word_embeddings:
-        raise ModelLoadError(f"{model_dir}: a quantized lm_head with tied embeddings is not "
-                             "supported")
+    plan, quantized = _plan(model_dir, cfg, all_keys, linears, quantization)
     check_stop(should_stop, "building the model")
     model = build_model(cfg, dtype, device, quantized, plan and plan.description)
     params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens

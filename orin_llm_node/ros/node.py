@@ -20,6 +20,7 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
+from orin_llm_node.jetson_power import read_power_state
 from orin_llm_node.ros import parameters
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
 from orin_llm_node.ros.intake import ImageIntake, Request
@@ -89,7 +90,8 @@ class OrinLLMNode(LifecycleNode):
         self.info = GenerationInfo(state='unconfigured')
         self.monitor = DiagnosticsMonitor(
             period_s=self.params['diagnostics_period_s'],
-            warn_fraction=self.params['pool_warn_fraction'], node_name=self.get_name())
+            warn_fraction=self.params['pool_warn_fraction'], node_name=self.get_name(),
+            power_reader=read_power_state)
         self._diag_lock = threading.Lock()
         self.refusals = RefusalLimiter()
         self._load_started = self._last_load_log = time.monotonic()
