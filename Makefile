@@ -10,7 +10,19 @@ STAMP := $(VENV)/.installed
 # ROS 2 wheels find their message packages through ament_index.
 export AMENT_PREFIX_PATH := $(CURDIR)/$(VENV)
 
-.PHONY: venv demo test lint clean
+# The NumPy 1 lane (Jetson: Humble's message packages and JetPack torch need NumPy 1.x): a second
+# venv with the Jetson constraints and the oldest OpenCV requirements/runtime.txt allows, running
+# the engine, processing, model-parity and node tests.
+NP1_VENV := .venv-np1
+NP1_PY := $(NP1_VENV)/bin/python
+NP1_STAMP := $(NP1_VENV)/.installed
+NP1_OPENCV := opencv-python-headless==4.8.0.76
+NP1_TESTS := test/test_engine_parity.py test/test_engine_cache.py test/test_engine_conversations.py \
+	test/test_engine_warmup.py test/test_processing.py test/test_rope_index.py \
+	test/test_model_parity.py test/test_ros_image.py test/test_node.py test/test_memory_plan.py \
+	test/test_jetson_requirements.py
+
+.PHONY: venv demo test test-numpy1 lint clean
 
 venv: $(STAMP)
 
@@ -25,6 +37,16 @@ $(STAMP): $(REQS) setup.py
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+$(NP1_STAMP): $(REQS) requirements/jetson-constraints.txt setup.py
+	test -x $(NP1_PY) || $(PYTHON) -m venv $(NP1_VENV)
+	$(NP1_PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(NP1_PY) -m pip install -q --disable-pip-version-check \
+		-c requirements/cpu-constraints.txt -c requirements/jetson-constraints.txt \
+		torch==2.13.0 $(NP1_OPENCV) \
+		-r requirements/runtime.txt -r requirements/ros.txt -r requirements/test.txt
+	$(NP1_PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(NP1_STAMP)
+
 demo: venv
 	$(PY) -m orin_llm_node.ros.demo
 
@@ -33,6 +55,12 @@ lint: venv
 
 test: lint
 	$(PY) -m pytest
+	$(MAKE) test-numpy1
+
+test-numpy1: $(NP1_STAMP)
+	$(NP1_PY) -c "import numpy, cv2; assert numpy.__version__ < '2', numpy.__version__; \
+		print('numpy', numpy.__version__, 'opencv', cv2.__version__)"
+	AMENT_PREFIX_PATH=$(CURDIR)/$(NP1_VENV) $(NP1_PY) -m pytest -q -p no:cacheprovider $(NP1_TESTS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(NP1_VENV) build *.egg-info .pytest_cache

@@ -69,6 +69,7 @@ setup(
         'console_scripts': [
             f'orin_llm_node = {PACKAGE}.ros.main:main',
             f'orin_llm_chat = {PACKAGE}.ros.chat_client:main',
+            f'orin_llm_check = {PACKAGE}.check:main',
         ],
     },
 )

@@ -267,3 +267,24 @@ class FusedOps:
                      (weight.data_ptr(), layer.qweight.data_ptr(), layer.scale.data_ptr(), zeros,
                       *shape))
         return F.linear(x2, weight, bias).view(*lead, n)
+
+
+def versions() -> dict:
+    """CuPy, CUDA driver / runtime and NVRTC versions (``orin_llm_check``); {} without CuPy."""
+    try:
+        cupy = _import_cupy()
+    except RuntimeError:
+        return {}
+
+    def dotted(v):
+        return f"{v // 1000}.{v % 1000 // 10}"
+
+    out = {"cupy": cupy.__version__}
+    for key, read in (("cuda_driver", lambda: dotted(cupy.cuda.runtime.driverGetVersion())),
+                      ("cuda_runtime", lambda: dotted(cupy.cuda.runtime.runtimeGetVersion())),
+                      ("nvrtc", lambda: ".".join(map(str, cupy.cuda.nvrtc.getVersion())))):
+        try:
+            out[key] = read()
+        except Exception as exc:  # noqa: BLE001 - a broken CUDA install is what we report
+            out[key] = f"unavailable ({exc})"
+    return out

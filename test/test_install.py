@@ -3,18 +3,24 @@
 """The package as pip or colcon installs it is whole, and never reads the source tree.
 
 A copy of the checkout is installed non-editable (``pip install --no-deps --prefix`` and
-``--target``) into a temporary directory; a fresh interpreter whose ``sys.path`` holds that install
-and not the checkout then loads the demo checkpoint, makes and runs a tiny checkpoint, reads every
-CUDA kernel source and finds the launch file and the YAML, while an audit hook records every file
-opened inside the checkout's package, kernel, launch and config folders (there must be none).
+``--target``, both with ``--ignore-installed``) into a temporary directory; a fresh interpreter
+whose ``sys.path`` holds that install and not the checkout then loads the demo checkpoint, makes
+and runs a tiny checkpoint, reads every CUDA kernel source and finds the launch file and the YAML,
+while an audit hook records every file opened inside the checkout's package, kernel, launch and
+config folders (there must be none).
+The environment running the tests keeps its own install of the package untouched: without
+``--ignore-installed``, ``pip install --prefix`` uninstalls the running environment's copy first
+(its console scripts vanished from ``.venv/bin`` after ``make test``).
 """
 
+from importlib import metadata
 import json
 import os
 from pathlib import Path
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -23,7 +29,7 @@ PACKAGE = 'orin_llm_node'
 SHARE_FOLDERS = ('launch', 'config', 'cuda_kernels')
 # Top-level parts of a checkout that a package build never needs (some are large).
 NOT_BUILT = {'.git', '.venv', 'build', 'install', 'log', 'test', 'bench', 'tools', '.whl',
-             '.pytest_cache', '.ruff_cache'}
+             '.pytest_cache', '.ruff_cache', '.venv-np1'}
 
 # Runs in the fresh interpreter: argv = checkout, scratch directory; prints one JSON line.
 PROBE = r'''
@@ -96,11 +102,39 @@ def source_copy(tmp_path_factory):
     return src
 
 
+def _running_install(scratch):
+    """What the environment running the tests has installed of the package, as a user sees it.
+
+    The distribution's metadata and files, its console scripts, and where a fresh interpreter
+    started outside the checkout imports the package from (None where it is not installed).
+    """
+    try:
+        dist = metadata.distribution(PACKAGE)
+    except metadata.PackageNotFoundError:
+        return None
+    scripts = Path(sysconfig.get_path('scripts'))
+    entry_points = [ep.name for ep in dist.entry_points if ep.group == 'console_scripts']
+    scratch.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    found = subprocess.run([sys.executable, '-c', f'import {PACKAGE}; print({PACKAGE}.__file__)'],
+                           cwd=scratch, env=env, capture_output=True, text=True, timeout=300)
+    return {'version': dist.version, 'files': sorted(map(str, dist.files or [])),
+            'direct_url': dist.read_text('direct_url.json'),
+            'scripts': {name: (scripts / name).is_file() for name in entry_points},
+            'imported_from': found.stdout.strip() or found.stderr.strip()[-300:]}
+
+
 def _pip_install(source, *where):
+    """Install ``source`` into ``where`` and check that the running environment kept its own."""
+    before = _running_install(source.parent / 'scratch_before')
+    # --ignore-installed: pip must not uninstall the running environment's copy (same name).
     cmd = [sys.executable, '-m', 'pip', 'install', '--no-deps', '--no-build-isolation',
-           '--no-index', '--no-warn-script-location', '--quiet', *where, str(source)]
+           '--no-index', '--no-warn-script-location', '--ignore-installed', '--quiet', *where,
+           str(source)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert _running_install(source.parent / 'scratch_after') == before, \
+        'installing a copy changed the running environment\'s install'
 
 
 def _probe(site, scratch):

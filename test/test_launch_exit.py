@@ -19,6 +19,7 @@ ament_index = pytest.importorskip('ament_index_python.packages')
 from launch import LaunchService  # noqa: E402
 from launch.actions import IncludeLaunchDescription  # noqa: E402
 from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
+import launch.logging  # noqa: E402
 
 from orin_llm_node.package_files import share_dir  # noqa: E402
 
@@ -33,6 +34,9 @@ def test_missing_model_makes_the_launch_exit_non_zero(tmp_path, capfd):
         pytest.skip('the orin_llm_node executable is not installed (colcon build)')
     os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
     os.environ['ROS_LOCALHOST_ONLY'] = '1'
+    # launch's screen handler keeps the stdout it first saw (an earlier test's capture when
+    # test_launch.py ran before in this session): start from a fresh one so capfd sees it.
+    launch.logging.reset()
     service = LaunchService()
     service.include_launch_description(IncludeLaunchDescription(
         PythonLaunchDescriptionSource(str(share_dir() / 'launch' / 'orin_llm.launch.py')),

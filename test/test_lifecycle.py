@@ -2,14 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """The managed node (``--managed``) over real loopback DDS, driven like ``ros2 lifecycle set``.
 
-Every transition, a prompt while inactive, cleanup -> configure again, and the memory the
-engine holds: the process's resident memory before configure, after configure and after
-cleanup (printed; cleanup must give back at least the weight bytes).  The checkpoint is a tiny
-one with a wide MLP (~75 MB of fp32 weights) so that the weights stand out of the noise.
+Every transition, a prompt in every state (exactly one ``response/info`` each), cleanup ->
+configure again, and the memory the engine holds: the process's resident memory before configure,
+after configure and after cleanup (printed; cleanup must give back at least the weight bytes). The
+checkpoint is a tiny one with a wide MLP (~75 MB of fp32 weights) so that the weights stand out of
+the noise.
 """
 
 import gc
 from pathlib import Path
+import signal
 import time
 
 import pytest
@@ -18,7 +20,7 @@ rclpy = pytest.importorskip('rclpy')
 
 from lifecycle_msgs.msg import State, Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
-from test_node import Probe, memory_mb, start_node, stop  # noqa: E402
+from test_node import EVENT_TIMEOUT, EXIT_WITHIN_S, Probe, memory_mb, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 
@@ -57,35 +59,46 @@ def test_every_transition(wide_ckpt, tmp_path, capsys):
         def state():
             return probe.call(get, GetState.Request()).current_state.id
 
+        def refused(text, why):
+            """Exactly one response/info for ``text``: refused, naming the state."""
+            info = probe.ask_info(text)
+            assert info['text'] is None and info['finish_reason'] == 'refused', info
+            assert f'node is {why}' in info['error'], info
+            probe.spin_for(0.5)
+            assert [i['prompt'] for i in probe.infos].count(text) == 1
+
         assert state() == State.PRIMARY_STATE_UNCONFIGURED
-        probe.spin_until(lambda: probe.generation()[2].get('state') == 'unconfigured', 10.0,
-                         'diagnostics: unconfigured')
+        probe.spin_until(lambda: probe.generation()[2].get('state') == 'unconfigured',
+                         EVENT_TIMEOUT, 'diagnostics: unconfigured')
         assert probe.ready is False
+        # Unconfigured: the prompt subscription is there and refuses with the state.
+        probe.spin_until(lambda: probe.pub_prompt.get_subscription_count() > 0, 20.0,
+                         'the prompt subscription while unconfigured')
+        refused('Anyone home?', 'unconfigured')
         time.sleep(1.0)
         memory = {'before configure': memory_mb(proc, 'VmRSS')}
 
-        for _ in range(2):              # cleanup -> configure again must work
+        for n in range(2):              # cleanup -> configure again must work
             transition(Transition.TRANSITION_CONFIGURE)
             assert state() == State.PRIMARY_STATE_INACTIVE and probe.ready is False
             memory.setdefault('after configure', memory_mb(proc, 'VmRSS'))
             probe.spin_until(lambda: probe.pub_prompt.get_subscription_count() > 0, 20.0,
                              'the prompt subscription')
-            info = probe.ask_info('Are you there?')      # inactive: refused with a reason
-            assert info['text'] is None and 'inactive' in info['error']
+            refused(f'Are you there? ({n})', 'inactive')
 
             transition(Transition.TRANSITION_ACTIVATE)
-            probe.spin_until(lambda: probe.ready is True, 10.0, 'ready true')
+            probe.spin_until(lambda: probe.ready is True, EVENT_TIMEOUT, 'ready true')
             probe.reset()
             assert probe.ask('Hello there.') == expected
 
             transition(Transition.TRANSITION_DEACTIVATE)
-            probe.spin_until(lambda: probe.ready is False, 10.0, 'ready false')
+            probe.spin_until(lambda: probe.ready is False, EVENT_TIMEOUT, 'ready false')
             assert any(e.startswith('deactivated') for e in probe.errors)
-            info = probe.ask_info('Still there?')
-            assert info['text'] is None and 'inactive' in info['error']
+            refused(f'Still there? ({n})', 'inactive')
 
             transition(Transition.TRANSITION_CLEANUP)
             assert state() == State.PRIMARY_STATE_UNCONFIGURED
+            refused(f'After cleanup? ({n})', 'unconfigured')
             time.sleep(1.0)
             memory.setdefault('after cleanup', memory_mb(proc, 'VmRSS'))
         with capsys.disabled():
@@ -94,6 +107,74 @@ def test_every_transition(wide_ckpt, tmp_path, capsys):
         assert memory['after configure'] - memory['after cleanup'] >= weights_mb, memory
 
         transition(Transition.TRANSITION_UNCONFIGURED_SHUTDOWN)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        probe.close()
+        stop(proc)
+
+
+# A warm-up of tens of seconds on a CI core: 1080p-sized vision grids through a 6-block tower.
+SLOW_PIXELS = 1920 * 1088
+
+
+@pytest.fixture(scope='module')
+def slow_warmup_ckpt(make_ckpt):
+    from orin_llm_node.testing.tiny_checkpoint import write_preprocessor_config
+    path = make_ckpt('slow_warmup', vision_config={'depth': 6})
+    write_preprocessor_config(path, max_pixels=SLOW_PIXELS)
+    return path
+
+
+@pytest.mark.parametrize('phase', ['loading', 'loaded in'])
+def test_a_signal_during_configure_ends_the_process_at_once(slow_warmup_ckpt, tmp_path, phase):
+    ns = '/llm_lifecycle_signal'
+    proc = start_node(slow_warmup_ckpt, ns, tmp_path, f'image_max_pixels:={SLOW_PIXELS}',
+                      managed=True)
+    probe = Probe(ns)
+    try:
+        probe.spin_until(lambda: probe.ready is not None or proc.poll() is not None, 60.0,
+                         'the latched ready')
+        change = probe.node.create_client(ChangeState, f'{ns}/orin_llm/change_state')
+        assert change.wait_for_service(timeout_sec=30.0)
+        req = ChangeState.Request()
+        req.transition.id = Transition.TRANSITION_CONFIGURE
+        change.call_async(req)                   # configure runs; the test does not wait
+        probe.spin_until(lambda: f']: {phase} ' in proc.log_path.read_text(), 120.0,
+                         f'the log line "{phase}"')
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, proc.log_path.read_text()[-2000:]
+        elapsed = time.monotonic() - t0
+        log = proc.log_path.read_text()
+        assert 'warm-up done' not in log, 'the signal waited for the whole warm-up'
+        assert elapsed < EXIT_WITHIN_S, f'{elapsed:.1f} s after SIGINT'
+        assert 'Traceback' not in log, log[-3000:]
+    finally:
+        probe.close()
+        stop(proc)
+
+
+def test_configure_refuses_a_model_that_cannot_fit(tiny_ckpt, tmp_path):
+    """A configure fails with the memory plan's line and the node stays unconfigured."""
+    ns = '/llm_lifecycle_no_fit'
+    proc = start_node(tiny_ckpt, ns, tmp_path, 'max_model_len:=4000000000', managed=True)
+    probe = Probe(ns)
+    try:
+        probe.spin_until(lambda: probe.ready is not None or proc.poll() is not None, 60.0,
+                         'the latched ready')
+        change = probe.node.create_client(ChangeState, f'{ns}/orin_llm/change_state')
+        get = probe.node.create_client(GetState, f'{ns}/orin_llm/get_state')
+        req = ChangeState.Request()
+        req.transition.id = Transition.TRANSITION_CONFIGURE
+        assert probe.call(change, req, timeout=60.0).success is False
+        assert probe.call(get, GetState.Request()).current_state.id == \
+            State.PRIMARY_STATE_UNCONFIGURED
+        probe.spin_until(lambda: 'does not fit' in probe.generation()[1], 10.0,
+                         'the refusal in diagnostics')
+        assert any('does not fit in memory' in e for e in probe.errors)
+        assert proc.poll() is None
+        req.transition.id = Transition.TRANSITION_UNCONFIGURED_SHUTDOWN
+        assert probe.call(change, req).success
         assert proc.wait(timeout=30) == 0
     finally:
         probe.close()

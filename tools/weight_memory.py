@@ -22,9 +22,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orin_llm_node.models import build_model, config_from_dict  # noqa: E402
-from orin_llm_node.models.loader import linear_module_names  # noqa: E402
-from orin_llm_node.quantization.checkpoint import plan_quantization  # noqa: E402
+from orin_llm_node.models import config_from_dict  # noqa: E402
+from orin_llm_node.models.loader import meta_model  # noqa: E402
 
 CONFIGS = REPO / 'test' / 'data' / 'qwen3_vl_configs'
 SIZES = ('2b', '4b', '8b')
@@ -45,9 +44,7 @@ def measure(size: str, quantization: str) -> dict:
     """Weight bytes (text, vision, read per decode token) and KV bytes per token."""
     path = CONFIGS / f'qwen3-vl-{size}-instruct.config.json'
     cfg = config_from_dict(json.loads(path.read_text()))
-    plan = plan_quantization(path, cfg.quantization_config, [],
-                             {n: n for n in linear_module_names(cfg)}, quantization)
-    model = build_model(cfg, torch.bfloat16, 'meta', plan.layers if plan else None)
+    model = meta_model(CONFIGS, torch.bfloat16, quantization, cfg)   # what load_model builds
     vision = _bytes(model.visual.parameters())
     text = _bytes({id(p): p for m in (model.language_model, model.lm_head)
                    for p in m.parameters()}.values())

@@ -48,9 +48,12 @@ def _positive_int(name, value, allow_none=False):
 class EngineConfig:
     """Everything the engine needs to start; invalid values raise ValueError naming the field.
 
-    KV pool size: ``num_kv_blocks`` if given, else ``kv_cache_memory_mb``, else (CUDA) the free
-    device memory after loading the weights times ``gpu_memory_fraction``, else (CPU) room for
-    ``cpu_kv_tokens`` tokens (default: twice ``max_model_len``).
+    KV pool size: ``num_kv_blocks`` if given, else ``kv_cache_memory_mb``, else room for
+    ``memory_plan.KV_CONVERSATIONS`` conversations of ``max_model_len`` tokens (on the CPU,
+    ``cpu_kv_tokens`` tokens when set) capped by ``gpu_memory_fraction`` of what is available
+    after the weights and the scratch (None: 0.9 on a discrete GPU, 0.5 on unified memory and
+    the CPU). ``engine.memory_plan`` has the figures; a configuration whose weights, one
+    ``max_model_len`` conversation and scratch cannot fit is refused before loading.
 
     ``attention_backend``: ``"auto"`` runs the CUDA kernels on a CUDA device and falls back to
     the torch path (one WARN line, the reason in ``LLMEngine.backend_fallback_reason``) when
@@ -92,7 +95,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_mb: float | None = None
-    gpu_memory_fraction: float = 0.5
+    gpu_memory_fraction: float | None = None
     cpu_kv_tokens: int | None = None
     max_model_len: int = 8192
     enable_prefix_cache: bool = True
@@ -129,7 +132,7 @@ class EngineConfig:
             raise ValueError(
                 f"kv_cache_memory_mb must be > 0 when set, got {self.kv_cache_memory_mb!r}"
             )
-        if not 0.0 < self.gpu_memory_fraction <= 1.0:
+        if self.gpu_memory_fraction is not None and not 0.0 < self.gpu_memory_fraction <= 1.0:
             raise ValueError(
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}"
             )

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from orin_llm_node.models import VisionOutput, load_model
+from orin_llm_node.models.loader import check_stop
 from orin_llm_node.processing import (
     ChatTemplate,
     ImageProcessor,
@@ -36,7 +37,8 @@ from .conversation import Conversation
 from .detokenizer import IncrementalDetokenizer
 from .finish_reason import FinishReason
 from .kv_manager import KVBlocks, KVCacheManager, PoolStats
-from .model_runner import ModelRunner, plan_num_blocks
+from .memory_plan import MemoryPlanError, plan_memory
+from .model_runner import ModelRunner
 from .sampler import Sampler
 from .structured import GrammarTokenizer, parse_answer, structured_available
 from .thread_guard import SingleThreadGuard
@@ -108,13 +110,24 @@ class StreamEvent:
 class LLMEngine:
     """Qwen3-VL on a paged KV cache with a prefix cache across turns."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, should_stop=None):
+        """Load ``config.model_path`` and size the KV pool.
+
+        ``should_stop`` (a callable, e.g. a stop flag's ``is_set``) is asked between shards and
+        tensors; ``LoadInterrupted`` is raised when it answers True.
+        """
         self.config = config
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
         path = config.model_path
+        # Before a weight is read: a checkpoint that cannot fit is one clear line, not an
+        # out-of-memory kill halfway through loading (Jetson: unified memory).
+        self.memory_plan = plan_memory(config, self.device, self.dtype)
+        if not self.memory_plan.fits:
+            raise MemoryPlanError(self.memory_plan.refusal())
         self.model = load_model(path, dtype=self.dtype, device=self.device,
-                                quantization=config.quantization).eval()
+                                quantization=config.quantization,
+                                should_stop=should_stop).eval()
         self._weight_bytes = model_weight_bytes(self.model)
         mcfg = self.model.config
         self.tokenizer = Tokenizer.from_pretrained(path)
@@ -127,7 +140,7 @@ class LLMEngine:
             VideoProcessor.from_pretrained(path).capped(config.video_max_pixels),
             mcfg.video_token_id,
         )
-        num_blocks = plan_num_blocks(config, mcfg.text, self.dtype, self.device)
+        num_blocks = self.memory_plan.num_blocks
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
                                   config.max_model_len, self.device, self.dtype,
                                   enable_cuda_graph=config.enable_cuda_graph,
@@ -225,7 +238,7 @@ class LLMEngine:
                 f"turn that needs {blocks} KV blocks, the pool has {self.pool.num_blocks}")
         return piece
 
-    def warmup(self, image_sizes=None, video_sizes=()) -> float:
+    def warmup(self, image_sizes=None, video_sizes=(), should_stop=None) -> float:
         """Do at start-up what would otherwise stall the first prompts; returns the seconds.
 
         Runs the vision tower once per distinct patch grid of ``image_sizes`` (``(height,
@@ -237,12 +250,14 @@ class LLMEngine:
         bucketed prefill graphs (CUDA only), and indexes the vocabulary for constrained
         decoding when llguidance is installed (1-3 s at 151,936 tokens). Call it on the thread
         that will run the engine; nothing is added to the vision or prefix caches.
+        ``should_stop`` (a callable) is asked before each step; ``LoadInterrupted`` is raised
+        when it answers True.
         """
         with self._guard.hold("warmup"):
             return self._warmup(COMMON_FRAME_SIZES if image_sizes is None else image_sizes,
-                                video_sizes)
+                                video_sizes, should_stop)
 
-    def _warmup(self, image_sizes, video_sizes) -> float:
+    def _warmup(self, image_sizes, video_sizes, should_stop) -> float:
         t0 = time.perf_counter()
         processor, video = self.prompts.image_processor, self.prompts.video_processor
         # The grid follows from the size alone (no frame is built, resized or patched): the
@@ -255,10 +270,13 @@ class LLMEngine:
             grids.add((-(-int(n) // video.temporal_patch_size), h // video.patch_size,
                        w // video.patch_size))
         for grid in grids:
+            check_stop(should_stop, "warming up the vision tower")
             self.runner.encode_image(
                 torch.zeros(grid[0] * grid[1] * grid[2], 3 * t * p * p), grid)
+        check_stop(should_stop, "warming up")
         self.runner.capture_prefill_graphs()
         if structured_available():
+            check_stop(should_stop, "warming up")
             self._index_vocabulary()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

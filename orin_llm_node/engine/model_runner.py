@@ -26,11 +26,11 @@ import torch
 from orin_llm_node.attention.torch_backend import TorchPagedAttention
 from orin_llm_node.layers import dispatch
 
-from .config import ATTENTION_BACKENDS, EngineConfig
+from .config import ATTENTION_BACKENDS
 from .prefill_graph import DEFAULT_BUCKETS, PrefillGraphs
 from .structured import apply_bitmask, host_bitmask
 
-__all__ = ["ModelRunner", "kv_bytes_per_block", "make_attention_backend", "plan_num_blocks"]
+__all__ = ["ModelRunner", "kv_bytes_per_block", "make_attention_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -42,29 +42,6 @@ def kv_bytes_per_block(text_cfg, block_size: int, dtype: torch.dtype) -> int:
         text_cfg.num_hidden_layers * 2 * block_size * text_cfg.num_key_value_heads
         * text_cfg.head_dim * itemsize
     )
-
-
-def plan_num_blocks(cfg: EngineConfig, text_cfg, dtype: torch.dtype,
-                    device: torch.device) -> int:
-    """Pool size: ``num_kv_blocks``, else ``kv_cache_memory_mb``, else device-derived."""
-    per_block = kv_bytes_per_block(text_cfg, cfg.block_size, dtype)
-    if cfg.num_kv_blocks is not None:
-        return cfg.num_kv_blocks
-    if cfg.kv_cache_memory_mb is not None:
-        budget = cfg.kv_cache_memory_mb * 2**20
-    elif device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        budget = free * cfg.gpu_memory_fraction
-    else:
-        tokens = cfg.cpu_kv_tokens or 2 * cfg.max_model_len
-        return math.ceil(tokens / cfg.block_size)
-    blocks = int(budget // per_block)
-    if blocks < 1:
-        raise ValueError(
-            f"KV cache budget of {budget / 2**20:.1f} MiB holds no block of "
-            f"{per_block / 2**20:.2f} MiB (raise kv_cache_memory_mb or lower block_size)"
-        )
-    return blocks
 
 
 def make_attention_backend(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int,

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Qwen3-VL in plain torch modules: config, vision tower, decoder, checkpoint loader."""
 
-from orin_llm_node.errors import ModelLoadError
+from orin_llm_node.errors import LoadInterrupted, ModelLoadError
 from orin_llm_node.models.config import (
     Qwen3VLConfig,
     TextConfig,
@@ -16,6 +16,7 @@ from orin_llm_node.models.qwen3_vl_text import Qwen3VLTextModel
 from orin_llm_node.models.qwen3_vl_vision import Qwen3VLVisionTower, VisionOutput
 
 __all__ = [
+    "LoadInterrupted",
     "ModelLoadError",
     "Qwen3VLConfig",
     "Qwen3VLForCausalLM",

@@ -24,7 +24,7 @@ from safetensors import safe_open
 import torch
 from torch import nn
 
-from orin_llm_node.errors import ModelLoadError
+from orin_llm_node.errors import LoadInterrupted, ModelLoadError
 from orin_llm_node.layers import LinearBase
 from orin_llm_node.quantization.checkpoint import plan_quantization
 from orin_llm_node.quantization.linear_method import quant_part, quantize_module
@@ -36,12 +36,14 @@ from .qwen3_vl_text import PACKED_MODULES
 __all__ = [
     "ModelLoadError",
     "build_model",
+    "check_stop",
     "checkpoint_names",
     "checkpoint_target",
     "checkpoint_to_param_name",
     "checkpoint_view",
     "linear_module_names",
     "load_model",
+    "meta_model",
 ]
 
 SINGLE_FILE = "model.safetensors"
@@ -207,9 +209,48 @@ def _quantized_modules(model_dir: Path, plan, linears: dict[str, str]) -> dict:
     return quantized
 
 
+def _plan(model_dir: Path, cfg: Qwen3VLConfig, keys: list[str], linears: dict[str, str],
+          quantization: str):
+    """The quantization plan and our module -> LayerQuant map (empty for a float model)."""
+    plan = plan_quantization(model_dir, cfg.quantization_config, keys, linears, quantization)
+    quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
+    if "lm_head" in quantized and cfg.tie_word_embeddings:
+        raise ModelLoadError(f"{model_dir}: a quantized lm_head with tied embeddings is not "
+                             "supported")
+    return plan, quantized
+
+
+def meta_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
+               quantization: str = "none", cfg: Qwen3VLConfig | None = None
+               ) -> Qwen3VLForCausalLM:
+    """The model ``load_model`` would build, on the ``meta`` device: sizes without memory.
+
+    Reads ``config.json`` (or takes ``cfg``) and, where the weight files exist, their tensor
+    names (headers only). Without weight files -- a published ``config.json`` alone -- the
+    checkpoint is taken to be a float one with our layer names, which is what at-load
+    quantization needs. ``memory_plan`` counts its bytes before any weight is read.
+    """
+    model_dir = Path(model_dir)
+    cfg = cfg if cfg is not None else load_config(model_dir)
+    try:
+        keys = _checkpoint_keys(_weight_files(model_dir))
+    except ModelLoadError:
+        keys = []                       # config only; load_model reports the missing files
+    linears = (_checkpoint_linears(cfg, keys) if keys
+               else {n: n for n in linear_module_names(cfg)})
+    plan, quantized = _plan(model_dir, cfg, keys, linears, quantization)
+    return build_model(cfg, dtype, "meta", quantized, plan and plan.description)
+
+
+def check_stop(should_stop, what: str) -> None:
+    """Raise :class:`LoadInterrupted` if ``should_stop`` (a callable or None) says so."""
+    if should_stop is not None and should_stop():
+        raise LoadInterrupted(f"stopped while {what}")
+
+
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu",
-               quantization: str = "none") -> Qwen3VLForCausalLM:
+               quantization: str = "none", should_stop=None) -> Qwen3VLForCausalLM:
     """
     Load the Qwen3-VL checkpoint in ``model_dir`` cast to ``dtype`` on ``device``.
 
@@ -218,7 +259,9 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     ``quantization_config`` loads in its own format (with ``quantization="none"``).
     Raises :class:`ModelLoadError` (a ``ValueError``) with a one-line reason for a missing
     directory, a non-Qwen3-VL config, unreadable/truncated files, missing or unexpected tensors,
-    shape mismatches and unsupported quantization formats.
+    shape mismatches and unsupported quantization formats.  ``should_stop`` (a callable) is
+    asked before each shard and each tensor; when it answers True, :class:`LoadInterrupted` is
+    raised (a signal need not wait for the whole load).
     """
     model_dir = Path(model_dir)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -227,17 +270,14 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     files = _weight_files(model_dir)
     all_keys = _checkpoint_keys(files)
     linears = _checkpoint_linears(cfg, all_keys)
-    plan = plan_quantization(model_dir, cfg.quantization_config, all_keys, linears,
-                             quantization)
-    quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
-    if "lm_head" in quantized and cfg.tie_word_embeddings:
-        raise ModelLoadError(f"{model_dir}: a quantized lm_head with tied embeddings is not "
-                             "supported")
+    plan, quantized = _plan(model_dir, cfg, all_keys, linears, quantization)
+    check_stop(should_stop, "building the model")
     model = build_model(cfg, dtype, device, quantized, plan and plan.description)
     params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
     expected = {hf for name in params for hf in checkpoint_names(name)}
     loaded, unexpected = set(), []
     for path, promised in files.items():
+        check_stop(should_stop, f"loading {path.name}")
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 keys = set(f.keys())
@@ -247,6 +287,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                         f"{_names(promised - keys)}"
                     )
                 for key in sorted(keys):
+                    check_stop(should_stop, f"loading {path.name}")
                     role = plan.tensor_role(key) if plan else None
                     if role is not None:
                         layer, row0 = quant_part(model.get_submodule(linears[role[0]]),
@@ -267,7 +308,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                     except ValueError as e:
                         raise ModelLoadError(f"{path.name}: tensor {key} {e}") from None
                     loaded.add(name)
-        except ModelLoadError:
+        except (ModelLoadError, LoadInterrupted):
             raise
         except Exception as e:  # safetensors raises its own error types for corrupt files
             raise ModelLoadError(f"{path}: cannot read safetensors ({e})") from None

@@ -14,8 +14,9 @@ size concatenate their parts along the output dimension.
 ``forward`` asks ``layers.dispatch`` (the one dispatch point) for the fused kernels of the
 input's device and dtype: with them, ``cuda_ops.FusedOps.quant_linear`` runs the dequantising
 GEMV / dequantise + matmul kernels of ``cuda_kernels/quant_linear.cu`` when the shape suits
-them; otherwise :meth:`QuantLinear.torch_forward`, ``F.linear(x, self.dequantize(x.dtype),
-bias)``, runs -- the CPU path and the kernels' oracle.
+them; otherwise :meth:`QuantLinear.torch_forward` runs -- the CPU path and the kernels' oracle:
+``F.linear(x, self.dequantize(x.dtype), bias)``, computed on the CPU a tile of rows at a time
+in reused buffers (``scratch.py``) with the same numbers.
 """
 
 from abc import ABC, abstractmethod
@@ -28,28 +29,61 @@ import torch.nn.functional as F
 
 from orin_llm_node.layers.dispatch import kernels_for
 
-__all__ = ["QuantLinear", "expand_groups", "grouped"]
+from . import scratch
+
+__all__ = ["QuantLinear", "abs_max", "divided_by_groups", "grouped", "per_group_"]
 
 
 def grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``[rows, in]`` -> ``[rows, G, group_size]``, the last group zero-padded."""
+    """``[rows, in]`` -> ``[rows, G, group_size]``, the last group zero-padded.
+
+    A view of ``weight`` when ``group_size`` divides ``in`` (the usual case: no copy).
+    """
     rows, cols = weight.shape
     groups = -(-cols // group_size)
-    padded = F.pad(weight, (0, groups * group_size - cols))
-    return padded.view(rows, groups, group_size)
+    if groups * group_size != cols:
+        weight = F.pad(weight, (0, groups * group_size - cols))
+    return weight.unflatten(1, (groups, group_size))
 
 
-def expand_groups(per_group: torch.Tensor, group_size: int, cols: int) -> torch.Tensor:
-    """``[rows, G]`` -> ``[rows, cols]``: each group's value over its columns."""
-    return per_group.repeat_interleave(group_size, dim=1)[:, :cols]
+def abs_max(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``t.abs().amax(dim)`` from two reductions, without a full-size ``abs`` copy."""
+    return torch.maximum(t.amax(dim), t.amin(dim).neg())
+
+
+def per_group_(op, weight: torch.Tensor, per_group: torch.Tensor, group_size: int) -> None:
+    """``op(weight, per_group repeated over each group's columns)`` in place, without a copy.
+
+    ``op`` is an in-place binary tensor method (``torch.Tensor.mul_``, ``sub_``); ``weight
+    [rows, cols]``, ``per_group [rows, G]`` (the last group may be shorter).
+    """
+    rows, cols = weight.shape
+    full = cols // group_size
+    if full:
+        op(weight[:, :full * group_size].unflatten(1, (full, group_size)),
+           per_group[:, :full, None])
+    if full * group_size < cols:
+        op(weight[:, full * group_size:], per_group[:, full:full + 1])
+
+
+def divided_by_groups(weight: torch.Tensor, per_group: torch.Tensor,
+                      group_size: int) -> torch.Tensor:
+    """A new ``weight / expand(per_group)``: each column divided by its group's value."""
+    out = weight.clone(memory_format=torch.contiguous_format)
+    per_group_(torch.Tensor.div_, out, per_group, group_size)
+    return out
 
 
 class QuantLinear(nn.Module, ABC):
     """Weight-only quantized ``nn.Linear``: codes + per-row group scales, activations float.
 
-    Subclasses define the code buffer (``qweight``), :meth:`codes_to_float` and
+    Subclasses define the code buffer (``qweight``), :meth:`_codes_into` and
     :meth:`quantize_rows` (round-to-nearest from a float weight, used by quantize-at-load).
     """
+
+    #: What :meth:`_codes_into` writes is the code's value divided by this (a power of two,
+    #: folded into the scale, so the dequantised weight is rounded exactly once either way).
+    code_unit: ClassVar[float] = 1.0
 
     #: Format name ("int8", "int4", "fp8"): diagnostics and the kernel names.
     format: ClassVar[str]
@@ -84,8 +118,12 @@ class QuantLinear(nn.Module, ABC):
         """The uninitialised code buffer for this shape."""
 
     @abstractmethod
-    def codes_to_float(self) -> torch.Tensor:
-        """The codes as fp32 ``[out, in]`` (before zero point and scale)."""
+    def _codes_into(self, out: torch.Tensor, row0: int, work) -> None:
+        """Write rows ``row0...`` of the codes into fp32 ``out [rows, in]``, exactly.
+
+        The values before zero point and scale, divided by :attr:`code_unit`. ``work(role,
+        numel, dtype)`` gives a 1-D temporary tensor on the codes' device.
+        """
 
     @classmethod
     @abstractmethod
@@ -103,10 +141,25 @@ class QuantLinear(nn.Module, ABC):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense weight ``[out, in]`` in ``dtype`` (computed in fp32, cast once)."""
-        w = self.codes_to_float()
+        device = self.qweight.device
+        w = torch.empty(self.out_features, self.in_features, device=device)
+        self.dequantize_rows_(w, 0, lambda role, numel, dt: torch.empty(numel, dtype=dt,
+                                                                       device=device))
+        return w.to(dtype)
+
+    def dequantize_rows_(self, out: torch.Tensor, row0: int, work) -> None:
+        """Rows ``row0...`` of :meth:`dequantize` (fp32) into ``out [rows, in]``, in place.
+
+        ``(code - zero) * scale``, rounded once; ``work`` as for :meth:`_codes_into`.
+        """
+        rows = slice(row0, row0 + out.shape[0])
+        self._codes_into(out, row0, work)
         if self.zero is not None:
-            w = w - expand_groups(self.zero.float(), self.group_size, self.in_features)
-        return (w * expand_groups(self.scale, self.group_size, self.in_features)).to(dtype)
+            per_group_(torch.Tensor.sub_, out, self.zero[rows].float(), self.group_size)
+        scale = self.scale[rows]
+        if self.code_unit != 1.0:
+            scale = scale * self.code_unit
+        per_group_(torch.Tensor.mul_, out, scale, self.group_size)
 
     def load_rows(self, tensors: dict[str, torch.Tensor], row0: int = 0) -> int:
         """Copy a part's ``qweight`` / ``scale`` (/ ``zero``) into rows ``row0...``.
@@ -142,9 +195,55 @@ class QuantLinear(nn.Module, ABC):
         return (self.in_features % self.chunk == 0 and self.group_size % self.chunk == 0)
 
     def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The torch path: dequantise to ``x``'s dtype, then ``F.linear``."""
-        return F.linear(x, self.dequantize(x.dtype),
-                        None if self.bias is None else self.bias.to(x.dtype))
+        """The torch path: dequantise to ``x``'s dtype, then ``F.linear``.
+
+        On the CPU a tile of rows at a time (:meth:`_cpu_forward`); elsewhere (shapes the
+        CUDA kernels do not take) the whole weight at once.
+        """
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if x.device.type == "cpu":
+            return self._cpu_forward(x, bias)
+        return F.linear(x, self.dequantize(x.dtype), bias)
+
+    def _cpu_forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``F.linear(x, self.dequantize(x.dtype), bias)`` by tiles of output rows.
+
+        Each tile of at most ``scratch.TILE_ELEMENTS`` weights is dequantised into this
+        thread's reused buffers and multiplied while it is still in cache, so a call
+        allocates only its output, reads each code once from memory and never holds a dense
+        weight (the old path allocated and wrote three full-size fp32 weights per call: 4-9x
+        slower than float at decode). Every output element is a dot product over the same
+        dequantised values as ``F.linear``'s. Tiles start every 16 rows so that each weight
+        row keeps its 64-byte alignment, on which the BLAS's summation order depends: one-row
+        (decode) results are then bit-identical to ``F.linear``'s; several rows may differ
+        in the last bit where the BLAS blocks a GEMM by the row count.
+        """
+        k, n = self.in_features, self.out_features
+        x2 = x.reshape(-1, k)
+        rows = min(n, max(16, scratch.TILE_ELEMENTS // k // 16 * 16))
+        device = x.device
+
+        def work(role, numel, dtype):
+            return scratch.buffer(role, numel, dtype, device)
+
+        w32 = work("weight", rows * k, torch.float32)
+        cast = work("weight_cast", rows * k, x.dtype) if x.dtype != torch.float32 else None
+        out = None if rows == n else torch.empty(x2.shape[0], n, dtype=x.dtype, device=device)
+        for r0 in range(0, n, rows):
+            r1 = min(n, r0 + rows)
+            w = w32[:(r1 - r0) * k].view(r1 - r0, k)
+            self.dequantize_rows_(w, r0, work)
+            if cast is not None:
+                w = cast[:(r1 - r0) * k].view(r1 - r0, k).copy_(w)
+            b = None if bias is None else bias[r0:r1]
+            if out is None:  # one tile: exactly F.linear
+                return F.linear(x2, w, b).view(*x.shape[:-1], n)
+            # mm / addmm are what F.linear runs for a 2-D input (same kernel, same sums).
+            if b is None:
+                torch.mm(x2, w.t(), out=out[:, r0:r1])
+            else:
+                torch.addmm(b, x2, w.t(), out=out[:, r0:r1])
+        return out.view(*x.shape[:-1], n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b`` for ``x [..., in]`` in any float dtype."""

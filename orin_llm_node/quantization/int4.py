@@ -10,7 +10,7 @@ in bits ``4i..4i+3`` -- the layout compressed-tensors' "pack-quantized" format w
 
 import torch
 
-from .base import QuantLinear, expand_groups, grouped
+from .base import QuantLinear, abs_max, divided_by_groups, grouped, per_group_
 
 __all__ = ["Int4Linear", "pack_int4", "unpack_int4"]
 
@@ -18,15 +18,18 @@ _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """Unsigned nibbles ``[rows, cols]`` (any int dtype) -> int32 ``[rows, ceil(cols / 8)]``."""
+    """Nibbles ``[rows, cols]`` (0..15, any int or float dtype) -> int32 ``[rows, words]``."""
     rows, cols = codes.shape
     words = -(-cols // 8)
-    u = torch.nn.functional.pad(codes.to(torch.int32) & 0xF, (0, words * 8 - cols))
-    u = u.view(rows, words, 8) << _SHIFTS.to(codes.device)
-    out = u[..., 0]
-    for i in range(1, 8):  # disjoint bits: OR them (int32 shifts wrap into the sign bit)
-        out = out | u[..., i]
-    return out
+    # Through int8: torch's float -> uint8 cast is not vectorised (40x slower here).
+    u = codes.to(torch.int8).view(torch.uint8) & 0xF
+    if words * 8 != cols:
+        u = torch.nn.functional.pad(u, (0, words * 8 - cols))
+    # Elements 2j, 2j+1 are the low and high byte of a little-endian int16: v | v >> 4 has
+    # them as the low and high nibble of its low byte, which the uint8 cast keeps. Four such
+    # bytes are the int32 word of elements 8w..8w+7, element i in bits 4i..4i+3.
+    pairs = u.view(torch.int16)
+    return (pairs >> 4).bitwise_or_(pairs).to(torch.uint8).view(torch.int32)
 
 
 def unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
@@ -50,26 +53,35 @@ class Int4Linear(QuantLinear):
         return torch.empty(self.out_features, -(-self.in_features // 8), dtype=torch.int32,
                            device=device)
 
-    def codes_to_float(self) -> torch.Tensor:
-        """The codes as fp32 ``[out, in]``."""
-        u = unpack_int4(self.qweight, self.in_features).float()
-        return u if self.asymmetric else u - 8.0
+    def _codes_into(self, out, row0, work):
+        rows, cols = out.shape
+        packed = self.qweight[row0:row0 + rows].view(torch.uint8)  # byte j: nibbles 2j, 2j+1
+        # Spread each byte's two nibbles into the two bytes of an int16 (little-endian: the
+        # low nibble, element 2j, in the low byte) -- four passes over int16 in place of
+        # eight shifts over int32 and a gather.
+        pairs = work("codes", packed.numel(), torch.int16).view(packed.shape).copy_(packed)
+        shifted = work("codes_shifted", packed.numel(), torch.int16).view(packed.shape)
+        torch.bitwise_left_shift(pairs, 4, out=shifted)
+        pairs.bitwise_or_(shifted).bitwise_and_(0x0F0F)
+        out.copy_(pairs.view(torch.uint8)[:, :cols])
+        if not self.asymmetric:
+            out.sub_(8.0)
 
     @classmethod
     def quantize_rows(cls, weight, group_size, asymmetric):
         """Round-to-nearest codes and scales of ``weight [rows, in]``."""
         g = grouped(weight, group_size)
-        cols = weight.shape[1]
         if asymmetric:
             lo = g.amin(-1).clamp(max=0.0)
             hi = g.amax(-1).clamp(min=0.0)
             scale = (hi - lo) / 15.0
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
             zero = torch.round(-lo / scale).clamp_(0, 15)
-            u = torch.round(weight / expand_groups(scale, group_size, cols))
-            u = (u + expand_groups(zero, group_size, cols)).clamp_(0, 15)
-            return {"qweight": pack_int4(u), "scale": scale, "zero": zero.to(torch.uint8)}
-        amax = g.abs().amax(-1)
+            u = divided_by_groups(weight, scale, group_size).round_()
+            per_group_(torch.Tensor.add_, u, zero, group_size)
+            return {"qweight": pack_int4(u.clamp_(0, 15)), "scale": scale,
+                    "zero": zero.to(torch.uint8)}
+        amax = abs_max(g)
         scale = torch.where(amax > 0, amax / 7.0, torch.ones_like(amax))
-        q = torch.round(weight / expand_groups(scale, group_size, cols)).clamp_(-8, 7)
-        return {"qweight": pack_int4(q + 8), "scale": scale}
+        q = divided_by_groups(weight, scale, group_size).round_().clamp_(-8, 7)
+        return {"qweight": pack_int4(q.add_(8)), "scale": scale}

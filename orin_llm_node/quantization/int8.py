@@ -4,7 +4,7 @@
 
 import torch
 
-from .base import QuantLinear, expand_groups, grouped
+from .base import QuantLinear, abs_max, divided_by_groups, grouped
 
 __all__ = ["Int8Linear"]
 
@@ -26,15 +26,14 @@ class Int8Linear(QuantLinear):
     def _empty_codes(self, device) -> torch.Tensor:
         return torch.empty(self.out_features, self.in_features, dtype=torch.int8, device=device)
 
-    def codes_to_float(self) -> torch.Tensor:
-        """The codes as fp32 ``[out, in]``."""
-        return self.qweight.float()
+    def _codes_into(self, out, row0, work):
+        out.copy_(self.qweight[row0:row0 + out.shape[0]])
 
     @classmethod
     def quantize_rows(cls, weight, group_size, asymmetric):
         """Round-to-nearest codes and scales of ``weight [rows, in]``."""
-        amax = grouped(weight, group_size).abs().amax(-1)
+        amax = abs_max(grouped(weight, group_size))
         scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-        full = expand_groups(scale, group_size, weight.shape[1])
-        q = torch.round(weight / full).clamp_(-127, 127).to(torch.int8)
+        q = divided_by_groups(weight, scale, group_size).round_().clamp_(-127, 127)
+        q = q.to(torch.int8)
         return {"qweight": q, "scale": scale}

@@ -15,11 +15,14 @@ The on-robot counterpart of ``ros2 topic pub --once .../prompt`` + ``ros2 topic 
 else OpenCV reads re-encoded as PNG: a compressed frame is small, so it arrives whatever the
 DDS transport), waits until the node's reader has acknowledged it, publishes the prompt and
 prints the answer that ``response/info`` names as the answer to *this* prompt, then its finish
-reason on stderr.  ``--video`` sends a clip instead: the directory's image files in name order
-(or comma-separated files) as CompressedImages sent at ``fps``, stamped ``1 / fps`` apart, then
-the prompt on ``prompt/json`` asking for the seconds they span (``video_s``).  Ctrl-C cancels
-the answer on the node.  Exit status: 0 answered (with the
-image, when one was given), 1 error, timeout, refusal, or an answer produced without the image.
+reason on stderr.  Whether the node used the image is judged from that ``response/info`` alone
+(a DDS acknowledgement can come late); only when nothing subscribes to the image topic does it
+say the topic is probably remapped.  ``--video`` sends a clip instead: the directory's image
+files in name order (or comma-separated files) as CompressedImages sent at ``fps``, stamped
+``1 / fps`` apart, then the prompt on ``prompt/json`` asking for the seconds they span
+(``video_s``).  Ctrl-C cancels the answer on the node.  Exit status: 0 answered (with the
+image, when one was given), 1 error (one line: an unreadable image file, no node, timeout,
+refusal, or an answer produced without the image), 2 bad arguments.
 
 ``--schema FILE`` (a JSON Schema) / ``--json`` (any JSON object) send the question as a
 ``prompt/json`` request envelope with that ``response_format``, match the answer by its
@@ -29,6 +32,7 @@ image, when one was given), 1 error, timeout, refusal, or an answer produced wit
 
 import argparse
 import array
+import io
 import json
 import os
 from pathlib import Path
@@ -118,28 +122,32 @@ class LLMClient(Node):
             self._image_pubs[topic] = self.create_publisher(msg_type, topic, _RELIABLE)
         return self._image_pubs[topic]
 
-    def send_image(self, msg, topic=None, match_timeout_s=5.0, fresh_s=0.5):
+    def send_image(self, msg, topic=None, match_timeout_s=5.0, fresh_s=0.5, ack_timeout_s=10.0):
         """Publish an Image or CompressedImage once a subscriber matched, and wait for its ack.
 
-        Returns False when nothing subscribes to the topic (e.g. the node's image topic is
-        remapped elsewhere) or the subscriber did not acknowledge the image in time.
+        Returns ``'acknowledged'``; ``'unacknowledged'`` when subscribers matched but did not
+        acknowledge within ``ack_timeout_s`` (the image was sent and may well have arrived:
+        only the node's ``response/info`` can tell); ``'unmatched'`` when nothing subscribes to
+        the topic within ``match_timeout_s`` (e.g. the node's image topic is remapped elsewhere).
         """
         pub = self.image_publisher(type(msg), topic)
         if not self.spin_until(lambda: pub.get_subscription_count() > 0, match_timeout_s):
-            return False
+            return 'unmatched'
         # Reliable: the node's reader has the image before the prompt goes out (they travel
         # on different topics). The node ages an unstamped image from its arrival, and an
         # acknowledgement can come one DDS heartbeat period (3 s) after the data arrived
         # (measured: about one send in six with the node's loopback profile), so an image
         # acknowledged late is sent again: the copy the prompt pairs with is at most
-        # ``fresh_s`` old.
-        deadline = time.monotonic() + match_timeout_s
+        # ``fresh_s`` old.  Under load no acknowledgement may come in time although the reader
+        # has the image (the writer can match the reader before the reader matches the
+        # writer): that is not a sign of a remapped topic (issue 21: 1 run in 53 said so).
+        deadline = time.monotonic() + ack_timeout_s
         while time.monotonic() < deadline:
             pub.publish(msg)
             if pub.wait_for_all_acked(Duration(seconds=fresh_s)):
                 self.spin_until(lambda: False, 0.1)     # let the node's executor take it
-                return True
-        return False
+                return 'acknowledged'
+        return 'unacknowledged'
 
     def ask(self, text, timeout_s):
         """Publish ``text`` and wait for its ``response``; returns the answer or None."""
@@ -204,19 +212,40 @@ class LLMClient(Node):
 
 
 def image_message(path):
-    """A CompressedImage of the file: JPEG/PNG as they are, anything else re-encoded as PNG."""
+    """A CompressedImage of the file: JPEG/PNG as they are, anything else re-encoded as PNG.
+
+    Raises ``ValueError`` with a one-line reason for a file that cannot be read (missing, a
+    directory, no permission) or is not a whole image (empty, truncated, corrupt, not an image).
+    """
+    import cv2
+    import numpy as np
+    from PIL import Image as PILImage
+
     from orin_llm_node.ros.ros_image import compressed_kind
 
-    data = Path(path).read_bytes()
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f'{path}: cannot read the image file ({exc.strerror or exc})') from None
+    if not data:
+        raise ValueError(f'{path}: the image file is empty')
     msg = CompressedImage()
     kind = compressed_kind(data)
     if kind is not None:
+        # Sent as it is: decode it whole first, so that a truncated or corrupt file fails here
+        # with its reason rather than on the node (Pillow refuses truncated data; OpenCV would
+        # fill the missing rows with grey).
+        try:
+            with PILImage.open(io.BytesIO(data)) as img:
+                img.load()
+        except (OSError, ValueError, SyntaxError, PILImage.DecompressionBombError) as exc:
+            raise ValueError(f'{path}: not a whole {kind} image ({exc})') from None
         msg.format = kind
     else:
-        import cv2
-        import numpy as np
-
-        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        try:
+            bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        except cv2.error:
+            bgr = None
         if bgr is None:
             raise ValueError(f'{path}: not an image OpenCV can read')
         ok, png = cv2.imencode('.png', bgr)     # lossless: the node sees the file's pixels
@@ -347,10 +376,9 @@ def _converse_video(client, opts, clip):
                  - client.get_clock().now().nanoseconds) / 1e9
         if ahead > 0:
             client.spin_until(lambda: False, ahead)
-        if not client.send_image(msg, topic):
-            print(f'orin_llm_chat: the node did not take the frames on {topic} (nothing '
-                  'subscribes there, or no acknowledgement): is its image topic remapped? '
-                  'Pass --image-topic.', file=sys.stderr)
+        if client.send_image(msg, topic) == 'unmatched':
+            print(f'orin_llm_chat: nothing subscribes to {topic}: is the node\'s image topic '
+                  'remapped? Pass --image-topic.', file=sys.stderr)
             return 1
     # The node's "last video_s seconds" end at its newest kept frame: our last one.
     seconds = (len(clip) - 0.5) / opts.fps
@@ -388,10 +416,9 @@ def _converse(client, opts, image):
         # another machine's clock can make it stale; a unique frame_id names it in the answer.
         image.header.frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
         topic = opts.image_topic or client.topic('image/compressed')
-        if not client.send_image(image, topic):
-            print(f'orin_llm_chat: the node did not take the image on {topic} (nothing '
-                  'subscribes there, or no acknowledgement): is its image topic remapped? '
-                  'Pass --image-topic.', file=sys.stderr)
+        if client.send_image(image, topic) == 'unmatched':
+            print(f'orin_llm_chat: nothing subscribes to {topic}: is the node\'s image topic '
+                  'remapped? Pass --image-topic.', file=sys.stderr)
             return 1
     if opts.response_format is not None:
         return _converse_json(client, opts, image)

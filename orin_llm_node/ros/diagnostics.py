@@ -9,6 +9,9 @@ happened *in the last period*: a counter that grew less than ``period_s`` ago (a
 one periodic message and then clears.  :class:`DiagnosticsMonitor` publishes every ``period_s``
 and at once when a level changes -- never per block or per token.
 
+On a Jetson a third status, ``<node>: platform``: power mode, locked clocks, GPU / EMC
+frequency and the hottest thermal zone (``orin_llm_node.jetson_power``).
+
 Everything here is pure (the caller passes the clock), so it is unit-tested without rclpy.
 """
 
@@ -66,6 +69,8 @@ class GenerationSnapshot:
     requests: int = 0
     errors: int = 0
     dropped_prompts: int = 0
+    rejected_images: int = 0        # images refused (headers on arrival, pixels on decode)
+    unsaid_errors: int = 0          # refusals counted but not repeated on `error` (rate limit)
     last_image_stamp: float | None = None
     last_finish_reason: str = ''
     detail: str = ''                # e.g. the load error
@@ -173,6 +178,8 @@ def generation_status(info, recent, name='orin_llm: generation', hardware_id='')
         info = info.snapshot()
     values = [(k, getattr(info, k)) for k in GENERATION_KEYS]
     values.append(('dropped_prompts', info.dropped_prompts))
+    values.append(('rejected_images', info.rejected_images))
+    values.append(('unsaid_errors', info.unsaid_errors))
     values.append(('camera', 'blind' if info.camera else 'ok'))
     values.append(('state', info.state))
     if info.state == 'failed':
@@ -198,6 +205,20 @@ def generation_status(info, recent, name='orin_llm: generation', hardware_id='')
     return _status(OK, name, 'ready', hardware_id, values)
 
 
+PLATFORM_KEYS = ('board', 'power_mode', 'clocks_locked', 'gpu_freq_mhz', 'gpu_max_freq_mhz',
+                 'emc_freq_mhz', 'hottest_zone', 'hottest_temp_c')
+#: Hottest zone at or above this: WARN (Orin throttles its clocks from about 97 C).
+HOT_C = 90.0
+
+
+def platform_status(power, name='orin_llm: platform', hardware_id=''):
+    """Build the ``platform`` status from a :class:`~orin_llm_node.jetson_power.PowerState`."""
+    values = [(k, getattr(power, k)) for k in PLATFORM_KEYS]
+    if power.hottest_temp_c is not None and power.hottest_temp_c >= HOT_C:
+        return _status(WARN, name, f'hot: {power.summary()}', hardware_id, values)
+    return _status(OK, name, power.summary(), hardware_id, values)
+
+
 @dataclass
 class DiagnosticsMonitor:
     """Decides when to publish: every ``period_s``, and at once when a status level changes.
@@ -210,6 +231,9 @@ class DiagnosticsMonitor:
     warn_fraction: float
     node_name: str = 'orin_llm'
     hardware_id: str = ''
+    #: ``() -> PowerState`` (``jetson_power.read_power_state``); the ``platform`` status is
+    #: published only where it finds a Jetson.
+    power_reader: object = None
     _counts: dict = field(default_factory=dict)
     _grown_at: dict = field(default_factory=dict)     # counter -> [(time, growth), ...]
     _levels: tuple = ()
@@ -244,6 +268,9 @@ class DiagnosticsMonitor:
                                    f'{self.node_name}: kv_block_pool', self.hardware_id))
         out.append(generation_status(info, recent, f'{self.node_name}: generation',
                                      self.hardware_id))
+        power = self.power_reader() if self.power_reader is not None else None
+        if power is not None and power.is_jetson:
+            out.append(platform_status(power, f'{self.node_name}: platform', self.hardware_id))
         return out
 
     def update(self, now, pool_stats, info, force=False):

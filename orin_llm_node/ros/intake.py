@@ -22,6 +22,7 @@ from sensor_msgs.msg import CompressedImage, Image
 from orin_llm_node.ros import ros_image
 from orin_llm_node.ros.camera_sync import ApproximateSync
 from orin_llm_node.ros.frame_ring import FrameRing, resize_for_model
+from orin_llm_node.ros.refusals import clip
 
 try:                                    # Iron and later
     from rclpy.event_handler import SubscriptionEventCallbacks
@@ -32,6 +33,8 @@ except ImportError:                     # Humble
 BLIND_AFTER_S = 5.0
 # Header stamps further ahead of our clock than this are refused (clock skew, bad drivers).
 FUTURE_TOLERANCE_S = 1.0
+# A frame_id is repeated in response/info cut to this length (it is the sender's text).
+FRAME_ID_CHARS = 128
 # Frames per camera the synchroniser holds while waiting for the other cameras (the queue size
 # message_filters users usually give; about 0.3 s of a 30 Hz camera).
 SYNC_QUEUE_SIZE = 10
@@ -50,7 +53,8 @@ class PendingImage:
         """The image as named in ``response/info``: its header stamp and frame_id."""
         return {'stamp': {'sec': self.msg.header.stamp.sec,
                           'nanosec': self.msg.header.stamp.nanosec},
-                'frame_id': self.msg.header.frame_id, 'stamped': self.stamped}
+                'frame_id': clip(self.msg.header.frame_id, FRAME_ID_CHARS),
+                'stamped': self.stamped}
 
     def rgb(self):
         """The pixels as ``HxWx3`` RGB; :class:`ros_image.ImageConversionError` if unusable."""
@@ -112,7 +116,6 @@ class ImageIntake:
         self.node = node
         self.cameras = []
         self._lock = threading.Lock()
-        self._reported = {}             # reason -> last time published (rate limit)
         self._sync = None
         self._synced = None             # the newest approximate-time set: ((stamp, image), ...)
         self._processor = None          # sizes video frames as the model sees them
@@ -261,12 +264,12 @@ class ImageIntake:
             ahead = (stamp - self.node.get_clock().now().nanoseconds) / 1e9
             if ahead > FUTURE_TOLERANCE_S:
                 raise ros_image.ImageConversionError(
-                    f'stamp is {ahead:.1f} s in the future (clocks out of sync?)')
+                    f'stamp is {ahead:.1f} s in the future (clocks out of sync?)', 'future')
         except ros_image.ImageConversionError as exc:
             # Refused once, here: the prompts after it do without this camera.
             with self._lock:
                 camera.newest = None
-            self._reject(topic, str(exc))
+            self.node.refuse_image(topic, exc)
             return
         pending = PendingImage(msg, compressed, stamp, stamped)
         with self._lock:
@@ -286,7 +289,7 @@ class ImageIntake:
         except ros_image.ImageConversionError as exc:
             with self._lock:
                 camera.newest = None
-            self._reject(topic, str(exc))
+            self.node.refuse_image(topic, exc)
             return
         with self._lock:
             camera.ring.offer(pending.stamp_ns, lambda: rgb, pending.msg.header.frame_id,
@@ -301,14 +304,6 @@ class ImageIntake:
             limit = sum(r.limit_bytes(*r.frame_shape[:2]) for r in rings if r.frame_shape)
         self.node.info.update(video_buffer_bytes=held, video_buffer_frames=frames,
                               video_buffer_limit_bytes=limit)
-
-    def _reject(self, topic, reason):
-        self.node.info.add(errors=1)
-        # A broken camera sends the same problem 30 times a second: say it once a second.
-        now = time.monotonic()
-        if now - self._reported.get(reason, -math.inf) >= 1.0:
-            self._reported[reason] = now
-            self.node.publish_error(f'image on {topic} rejected: {reason}')
 
     def _frame_arrived(self, camera):
         camera.last_frame_at = time.monotonic()

@@ -7,9 +7,11 @@
 ``--managed`` starts a lifecycle node that waits for ``ros2 lifecycle set <node> configure``;
 without it the node configures and activates itself.  Exit status: 0 after a signal or the
 ``shutdown`` transition (a second signal changes nothing), 1 when the model cannot be loaded,
-2 for an invalid parameter (one line naming it).
+2 for an invalid parameter (one line naming it).  After a signal the process is gone within
+about a second in every state (bench/signal_exit.py measures it).
 """
 
+import logging
 import os
 import signal
 import sys
@@ -17,13 +19,33 @@ import threading
 
 
 def main(args=None):
-    """Entry point of the ``orin_llm_node`` executable."""
+    """Entry point of the ``orin_llm_node`` executable: runs the node, then ends the process.
+
+    The process ends with ``os._exit`` once the node is torn down and rclpy is shut down (ROS
+    logging finalized with it; Python's logging and the standard streams are flushed): the
+    interpreter's own finalization (torch, the DDS library's static objects) took 3-8 s on a
+    busy CPU after every Ctrl-C, and nothing is left that needs it.
+    """
+    _hard_exit(_run(args))
+
+
+def _run(args):
     # Ctrl-C and SIGTERM only set a flag, from before anything heavy is imported to the end;
     # the main thread polls it between short spins, so a signal can never land inside a DDS
-    # call and teardown always starts.
+    # call and teardown always starts.  Before the node has started (importing torch and
+    # checking the parameters takes seconds on a busy CPU, and nothing is loaded or answered
+    # yet) a signal ends the process at once: the first poll would be seconds away.
     stop = threading.Event()
+    starting = threading.Event()
+    starting.set()
+
+    def on_signal(*_):
+        stop.set()
+        if starting.is_set():
+            _hard_exit(0)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     from orin_llm_node.ros import dds_profile
     # Before the DDS participant exists (rclpy.init): large camera frames must reach us.
     profile = dds_profile.apply()
@@ -42,12 +64,13 @@ def main(args=None):
     node = None
     code = 0
     try:
-        node = OrinLLMNode(managed=managed)
+        node = OrinLLMNode(managed=managed, stop_requested=stop)
         node.dds_profile = profile
         if profile:
             node.get_logger().info(f'Fast DDS profile {profile} applied (camera frames over '
                                    'UDP; set FASTDDS_DEFAULT_PROFILES_FILE to use your own)')
         node.start()
+        starting.clear()
         while not stop.is_set() and not node.finished.is_set() and rclpy.ok():
             rclpy.spin_once(node, timeout_sec=0.1)
     except ParameterError as exc:
@@ -56,6 +79,7 @@ def main(args=None):
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
+        starting.clear()
         # From here a further signal changes nothing. Ignored, not left to our handler: at
         # interpreter exit Python puts the default action back on signals it handles, and a
         # second Ctrl-C during the DDS teardown that follows would end us with -SIGINT.
@@ -68,8 +92,9 @@ def main(args=None):
         watchdog.daemon = True
         watchdog.start()
         if node is not None:
-            # Loading weights cannot be interrupted: a signal while loading ends the process at
-            # once (nothing is being answered yet) instead of waiting for the load to finish.
+            # Loading and warm-up stop at their next shard, tensor or warm-up step once `stop`
+            # is set; one step that still runs long (an import, a huge tensor) must not hold the
+            # process: nothing is being answered yet, so it ends at once after a second.
             loading = node.info.snapshot().state == 'loading'
             if not node.stop(timeout_s=1.0 if loading else 10.0):
                 _hard_exit(code)
@@ -81,10 +106,11 @@ def main(args=None):
 
 
 def _hard_exit(code):
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    main()

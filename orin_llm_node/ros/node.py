@@ -20,16 +20,26 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
+from orin_llm_node.jetson_power import read_power_state
 from orin_llm_node.ros import parameters
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
 from orin_llm_node.ros.intake import ImageIntake, Request
+from orin_llm_node.ros.refusals import REASON_CHARS, RefusalLimiter, clip, preview
 from orin_llm_node.ros.request_envelope import EnvelopeError, parse_envelope
-from orin_llm_node.ros.worker import Worker, cameras_info, preview
+from orin_llm_node.ros.worker import Worker, cameras_info
 
 NODE_NAME = 'orin_llm'
 # Deep enough that DDS never drops a prompt while the executor is busy: every prompt reaches
 # _on_prompt, where an overflow of the queue (queue_size) is reported.
 PROMPT_DEPTH = 1000
+# Why a prompt is refused in each state but ``ready`` (the state is named before it).
+_NOT_READY = {
+    'unconfigured': 'configure and activate it to take prompts',
+    'loading': 'the model is loading; prompts are taken once ready is true',
+    'inactive': 'activate it to take prompts',
+    'failed': 'the model could not be loaded',
+    'finalized': 'the node is shutting down',
+}
 
 
 def _qos(depth, latched=False):
@@ -62,14 +72,17 @@ class OrinLLMNode(LifecycleNode):
     A managed (lifecycle) node: ``configure`` loads the weights, warms up and captures graphs
     (on the worker thread), ``activate`` opens the image subscriptions and the services,
     ``deactivate`` cancels the answer in flight and refuses the queued prompts, ``cleanup``
-    frees the engine, ``shutdown`` ends the process.  The prompt subscription lives from
-    ``configure`` to ``cleanup`` so that a prompt sent while inactive is refused with a reason.
+    frees the engine, ``shutdown`` ends the process.  The prompt subscription lives as long as
+    the node, so that every prompt gets one ``response/info`` in every state: answered while
+    active, refused with the state as the reason otherwise.
     Unless ``managed``, :meth:`start` runs configure and activate at once (the plain node).
     """
 
-    def __init__(self, managed=False, **kwargs):
+    def __init__(self, managed=False, stop_requested=None, **kwargs):
         super().__init__(NODE_NAME, **kwargs)
         self.managed = managed
+        # Set by main's signal handler: loading and warm-up stop at their next step.
+        self.stop_requested = threading.Event() if stop_requested is None else stop_requested
         self.params = parameters.declare(self)
         self.exit_code = 0
         self.dds_profile = None         # the Fast DDS profile main() applied, if any
@@ -77,8 +90,10 @@ class OrinLLMNode(LifecycleNode):
         self.info = GenerationInfo(state='unconfigured')
         self.monitor = DiagnosticsMonitor(
             period_s=self.params['diagnostics_period_s'],
-            warn_fraction=self.params['pool_warn_fraction'], node_name=self.get_name())
+            warn_fraction=self.params['pool_warn_fraction'], node_name=self.get_name(),
+            power_reader=read_power_state)
         self._diag_lock = threading.Lock()
+        self.refusals = RefusalLimiter()
         self._load_started = self._last_load_log = time.monotonic()
         self._next_request_id = 1
         self.pub_response = self.create_publisher(String, 'response', _qos(10))
@@ -89,9 +104,9 @@ class OrinLLMNode(LifecycleNode):
         self.pub_diag = self.create_publisher(DiagnosticArray, '/diagnostics', _qos(10))
         self.intake = ImageIntake(self)
         self.worker = Worker(self)
-        self._prompt_sub = None         # from configure to cleanup
-        self._envelope_sub = None       # prompt/json, likewise
         self._open_services = []        # from activate to deactivate
+        self.create_subscription(String, 'prompt', self._on_prompt, _qos(PROMPT_DEPTH))
+        self.create_subscription(String, 'prompt/json', self._on_prompt_json, _qos(PROMPT_DEPTH))
         self.add_on_set_parameters_callback(lambda params: parameters.on_set(self, params))
         self.create_timer(self.params['diagnostics_period_s'], self._on_idle_timer)
         self.create_timer(1.0, self.intake.check_camera)
@@ -128,6 +143,20 @@ class OrinLLMNode(LifecycleNode):
         self.get_logger().warning(text)
         self._publish(self.pub_error, String(data=text))
 
+    def refuse_image(self, topic, exc, consequence=''):
+        """Count an unusable image (``exc``: an ImageConversionError) and say why on ``error``.
+
+        At most once a second per topic and kind of fault; the others are only counted.
+        """
+        self.info.add(errors=1, rejected_images=1)
+        said, held_back = self.refusals.admit(topic, exc.kind, time.monotonic())
+        if not said:
+            self.info.add(unsaid_errors=1)
+            return
+        more = f' ({held_back} more like it not repeated)' if held_back else ''
+        self.publish_error(f'image on {topic} rejected: {clip(exc, REASON_CHARS)}{consequence}'
+                           f'{more}')
+
     def diagnostics(self, pool_stats=None, queue_depth=None, force=False, only_if_due=False):
         """Publish /diagnostics if due (or ``force``); ``pool_stats`` only from the worker."""
         now = time.monotonic()
@@ -163,6 +192,7 @@ class OrinLLMNode(LifecycleNode):
 
         ``extra``: more ``response/info`` fields (what the cameras gave, for a clip refused).
         """
+        reason = clip(reason, REASON_CHARS)
         self.publish_error(f'request {request_id}: {reason}')
         info = {'request_id': request_id, 'prompt': text, 'text': None,
                 'image': None, **(extra or {}), 'finish_reason': 'refused', 'error': reason}
@@ -206,7 +236,8 @@ class OrinLLMNode(LifecycleNode):
             return
         state = self.info.snapshot().state
         if state != 'ready':
-            self._refuse(request_id, text, f'node is {state}: activate it to take prompts', tag)
+            why = _NOT_READY.get(state, 'it is not taking prompts')
+            self._refuse(request_id, text, f'node is {state}: {why}', tag)
             return
         video_s = (envelope or {}).get('video_s', self.runtime('video_window_s'))
         if video_s > self.params['video_buffer_s']:
@@ -271,12 +302,12 @@ class OrinLLMNode(LifecycleNode):
         return stopped
 
     def on_configure(self, state):
-        """Load the weights, warm up and capture graphs; open the prompt subscription."""
+        """Load the weights, warm up and capture graphs."""
         self._load_started = self._last_load_log = time.monotonic()
         self.info.update(state='loading', detail='loading model')
         self.diagnostics(force=True)
         if not self.worker.call('load'):
-            if self.finished.is_set():
+            if self.finished.is_set() or self.stop_requested.is_set():
                 return TransitionCallbackReturn.FAILURE
             text = f'failed to load the model: {self.worker.load_error}'
             if not self.managed:        # the plain node exits with code 1
@@ -291,10 +322,6 @@ class OrinLLMNode(LifecycleNode):
             self.publish_error(text)
             self.diagnostics(force=True)
             return TransitionCallbackReturn.FAILURE
-        self._prompt_sub = self.create_subscription(String, 'prompt', self._on_prompt,
-                                                    _qos(PROMPT_DEPTH))
-        self._envelope_sub = self.create_subscription(String, 'prompt/json',
-                                                      self._on_prompt_json, _qos(PROMPT_DEPTH))
         self.info.update(state='inactive', detail='')
         self.diagnostics(force=True)
         return TransitionCallbackReturn.SUCCESS
@@ -328,10 +355,6 @@ class OrinLLMNode(LifecycleNode):
 
     def on_cleanup(self, state):
         """Free the engine (weights, KV pool, graphs)."""
-        for sub in (self._prompt_sub, self._envelope_sub):
-            if sub is not None:
-                self.destroy_subscription(sub)
-        self._prompt_sub = self._envelope_sub = None
         self.worker.call('unload')
         self.info.update(state='unconfigured', detail='')
         self.diagnostics(force=True)

@@ -336,3 +336,31 @@ def on_set(node, params):
             node.get_logger().info(
                 f'{param.name} set to {param.value!r} (takes effect at the next prompt)')
     return SetParametersResult(successful=True)
+
+
+def values_from_files(params_files=(), overrides=(), node_name='orin_llm'):
+    """The values the node would start with, read without rclpy (``orin_llm_check``).
+
+    ``params_files``: ``--params-file`` YAML files in order (sections ``/**``, ``node_name``
+    or ``/<ns>/node_name``, each with ``ros__parameters``); ``overrides``: ``name:=value``
+    texts, last wins, as after ``-p``. Checked like the node's; raises ParameterError.
+    """
+    import yaml
+
+    values = {p.name: p.default for p in PARAMETERS}
+    for path in params_files:
+        try:
+            doc = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ParameterError(f'params file {path}: {exc}') from None
+        for section, body in doc.items():
+            if section == '/**' or str(section).rstrip('/').split('/')[-1] == node_name:
+                given = (body or {}).get('ros__parameters') or {}
+                values.update((k, v) for k, v in given.items() if k in PARAMS_BY_NAME)
+    for text in overrides:
+        name, sep, value = text.partition(':=')
+        if not sep or name not in PARAMS_BY_NAME:
+            raise ParameterError(f'override {text!r} is not name:=value for a node parameter')
+        values[name] = from_text(name, value)
+    check_parameters(values)
+    return values

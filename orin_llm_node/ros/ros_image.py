@@ -22,6 +22,8 @@ import cv2
 import numpy as np
 from PIL import Image as PILImage
 
+from orin_llm_node.ros.refusals import clip
+
 # Limits: far above any robot camera, far below what would exhaust memory (a compressed image
 # at MAX_PIXELS decodes to 3 x 32 MiB on the worker; a larger one is refused from its header).
 MAX_SIDE = 16384
@@ -80,20 +82,29 @@ _PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
 class ImageConversionError(ValueError):
-    """An image message cannot be used; ``str(err)`` is a one-line reason."""
+    """An image message cannot be used; ``str(err)`` is a one-line reason.
+
+    ``kind`` names the check that failed (a fixed word per check, never the sender's data):
+    the node rate-limits its refusals per topic and kind.
+    """
+
+    def __init__(self, reason, kind):
+        super().__init__(reason)
+        self.kind = kind
 
 
 def _check_size(width, height):
     if width <= 0 or height <= 0:
-        raise ImageConversionError(f'zero-size image ({width}x{height})')
+        raise ImageConversionError(f'zero-size image ({width}x{height})', 'zero_size')
     if width > MAX_SIDE or height > MAX_SIDE or width * height > MAX_PIXELS:
         raise ImageConversionError(
             f'image size {width}x{height} is absurd (limits: side <= {MAX_SIDE}, '
-            f'{MAX_PIXELS} pixels)')
+            f'{MAX_PIXELS} pixels)', 'absurd_size')
     ratio = max(width, height) / min(width, height)
     if ratio > MAX_ASPECT_RATIO:
         raise ImageConversionError(
-            f'image aspect ratio {ratio:.1f} ({width}x{height}) exceeds {MAX_ASPECT_RATIO}')
+            f'image aspect ratio {ratio:.1f} ({width}x{height}) exceeds {MAX_ASPECT_RATIO}',
+            'aspect_ratio')
 
 
 def check_image(msg):
@@ -104,8 +115,8 @@ def check_image(msg):
     encoding = str(msg.encoding).strip().lower()
     if encoding not in _LAYOUT:
         raise ImageConversionError(
-            f"unsupported image encoding '{msg.encoding}' (supported: "
-            f"{', '.join(SUPPORTED_ENCODINGS)})")
+            f"unsupported image encoding '{clip(msg.encoding)}' (supported: "
+            f"{', '.join(SUPPORTED_ENCODINGS)})", 'encoding')
     width, height, step = int(msg.width), int(msg.height), int(msg.step)
     _check_size(width, height)
     channels, depth = _LAYOUT[encoding]
@@ -113,16 +124,19 @@ def check_image(msg):
     if step < row:
         raise ImageConversionError(
             f'step {step} < width*channels*bytes ({width}*{channels}*{depth} = {row}) '
-            f'for {encoding}')
+            f'for {encoding}', 'step')
     if step > row + MAX_SIDE * 8:
-        raise ImageConversionError(f'step {step} is absurd for a {width}-pixel {encoding} row')
+        raise ImageConversionError(f'step {step} is absurd for a {width}-pixel {encoding} row',
+                                   'step')
     if len(msg.data) < step * height:
         raise ImageConversionError(
-            f'image data too short: {len(msg.data)} bytes < step*height = {step}*{height}')
+            f'image data too short: {len(msg.data)} bytes < step*height = {step}*{height}',
+            'too_short')
     if encoding in ('yuv422', 'uyvy', 'yuv422_yuy2', 'yuyv') and width % 2:
-        raise ImageConversionError(f'{encoding} needs an even width, got {width}')
+        raise ImageConversionError(f'{encoding} needs an even width, got {width}', 'odd_width')
     if encoding.startswith('bayer_') and (width < 2 or height < 2):
-        raise ImageConversionError(f'{encoding} needs at least 2x2 pixels, got {width}x{height}')
+        raise ImageConversionError(f'{encoding} needs at least 2x2 pixels, got {width}x{height}',
+                                   'bayer_size')
     return encoding
 
 
@@ -158,23 +172,27 @@ def check_compressed(msg):
     fmt = str(msg.format).strip().lower()
     size = len(msg.data)
     if size == 0:
-        raise ImageConversionError('compressed image has no data')
+        raise ImageConversionError('compressed image has no data', 'no_data')
     if size > MAX_COMPRESSED_BYTES:
         raise ImageConversionError(
-            f'compressed image of {size} bytes is absurd (limit {MAX_COMPRESSED_BYTES})')
+            f'compressed image of {size} bytes is absurd (limit {MAX_COMPRESSED_BYTES})',
+            'absurd_size')
     kind = compressed_kind(msg.data)
     # image_transport writes e.g. "bgr8; jpeg compressed bgr8"; bare "jpeg"/"png" is common too.
     if 'compresseddepth' in fmt.replace(' ', ''):
-        raise ImageConversionError(f"unsupported compressed format '{msg.format}' (depth)")
+        raise ImageConversionError(
+            f"unsupported compressed format '{clip(msg.format)}' (depth)", 'format')
     named = ('jpeg' if ('jpeg' in fmt or 'jpg' in fmt) else 'png' if 'png' in fmt else None)
     if fmt and named is None:
         raise ImageConversionError(
-            f"unsupported compressed format '{msg.format}' (supported: jpeg, png)")
+            f"unsupported compressed format '{clip(msg.format)}' (supported: jpeg, png)",
+            'format')
     if kind is None:
         raise ImageConversionError(
-            f"compressed image data is not {named or 'jpeg/png'} (bad magic bytes)")
+            f"compressed image data is not {named or 'jpeg/png'} (bad magic bytes)", 'magic')
     if named is not None and named != kind:
-        raise ImageConversionError(f"compressed format says '{msg.format}' but data is {kind}")
+        raise ImageConversionError(
+            f"compressed format says '{clip(msg.format)}' but data is {kind}", 'format')
     _check_size(*compressed_size(msg.data, kind))
     return kind
 
@@ -193,9 +211,11 @@ def compressed_size(data, kind):
             with PILImage.open(io.BytesIO(bytes(data))) as img:     # reads the header only
                 return img.size
     except PILImage.DecompressionBombError as exc:      # far beyond our own limits
-        raise ImageConversionError(f'{kind} image size is absurd ({exc})') from None
+        raise ImageConversionError(f'{kind} image size is absurd ({clip(exc, 120)})',
+                                   'absurd_size') from None
     except (OSError, ValueError, SyntaxError) as exc:
-        raise ImageConversionError(f'{kind} header could not be read ({exc})') from None
+        raise ImageConversionError(f'{kind} header could not be read ({clip(exc, 120)})',
+                                   'header') from None
 
 
 def compressed_to_rgb(msg):
@@ -204,7 +224,8 @@ def compressed_to_rgb(msg):
     data = np.frombuffer(msg.data, dtype=np.uint8)
     bgr = cv2.imdecode(data, cv2.IMREAD_COLOR)
     if bgr is None:
-        raise ImageConversionError(f'{kind} data could not be decoded (corrupt or truncated)')
+        raise ImageConversionError(f'{kind} data could not be decoded (corrupt or truncated)',
+                                   'decode')
     height, width = bgr.shape[:2]
     _check_size(width, height)
     return np.ascontiguousarray(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))

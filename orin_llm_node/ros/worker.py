@@ -20,6 +20,7 @@ import numpy as np
 
 from orin_llm_node.ros import model_loading, parameters, ros_image
 from orin_llm_node.ros.frame_ring import FrameSizer
+from orin_llm_node.ros.refusals import REASON_CHARS, clip, preview
 
 
 def _stamp(ns):
@@ -77,12 +78,6 @@ def _with_envelope_keys(info, request, result):
         info['valid'] = result.valid
         info['json'] = result.parsed
     return info
-
-
-def preview(text, n=60):
-    """``text`` on one line, cut to ``n`` characters."""
-    text = ' '.join(text.split())
-    return text if len(text) <= n else text[:n - 3] + '...'
 
 
 class Worker:
@@ -151,9 +146,13 @@ class Worker:
             self._command = command
             self._cond.notify_all()
         while not self._command_done.wait(0.1):
-            if self._stop.is_set():
+            if self._stopping():
                 return False
-        return self._command_ok and not self._stop.is_set()
+        return self._command_ok and not self._stopping()
+
+    def _stopping(self):
+        # The node's flag is set by main's signal handler, before teardown reaches stop().
+        return self._stop.is_set() or self.node.stop_requested.is_set()
 
     def stop(self, timeout_s):
         """Stop the thread (cancelling a generation); True if it has stopped."""
@@ -195,10 +194,10 @@ class Worker:
                     self._answer(request)
             except ValueError as exc:   # the engine's verdict on the input (nothing changed)
                 self.node.info.add(errors=1)
-                self._report_failure(request, f"prompt rejected: {' '.join(str(exc).split())}")
+                self._report_failure(request, f'prompt rejected: {preview(exc, REASON_CHARS)}')
             except Exception as exc:  # noqa: BLE001 - bad input must never kill the node
                 self.node.info.add(errors=1)
-                reason = ' '.join(str(exc).split()) or type(exc).__name__
+                reason = preview(exc, REASON_CHARS) or type(exc).__name__
                 self._report_failure(request, f'request failed: {reason}')
                 self.node.get_logger().debug(traceback.format_exc())
             finally:
@@ -216,9 +215,14 @@ class Worker:
             self.engine = None
             model_loading.release_memory()
             return True
+        from orin_llm_node.models import LoadInterrupted
         try:
-            engine = model_loading.load_engine(self.node.params, self.node.get_logger())
+            engine = model_loading.load_engine(self.node.params, self.node.get_logger(),
+                                               should_stop=self._stopping)
             parameters.check_system_prompt(engine, self.node.runtime('system_prompt'))
+        except LoadInterrupted as exc:
+            self.load_error = str(exc)
+            return False
         except Exception as exc:  # noqa: BLE001 - any load failure is one fatal line
             self.load_error = ' '.join(str(exc).split()) or type(exc).__name__
             return False
@@ -295,10 +299,10 @@ class Worker:
                 used.append((view, view.image.rgb()))
             except ros_image.ImageConversionError as exc:
                 self.node.intake.forget(view.image)     # do not pair it with the next prompt
-                self.node.info.add(errors=1)
-                self.node.publish_error(f'image from {view.name} rejected: {exc}; the prompt is '
-                                        'answered without it')
-                view.image, view.missing = None, f'image rejected: {exc}'
+                self.node.refuse_image(view.name + ('/compressed' if view.image.compressed
+                                                    else ''), exc,
+                                       '; the prompt is answered without it')
+                view.image, view.missing = None, f'image rejected: {clip(exc, REASON_CHARS)}'
         return used
 
     @staticmethod
