@@ -8,6 +8,7 @@ all have to be right for the tokens to match.
 """
 
 from _engine_reference import Reference, random_image
+import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
@@ -54,7 +55,10 @@ def test_one_image(engine, ref):
     conv = engine.new_conversation("You are a helpful assistant running on a robot.")
     img = random_image(1, 100, 130)
     res = check_turn(engine, ref, conv, "Describe the image.", [img])
-    assert len(res.prompt_images) == 1 and res.prompt_images[0] is img
+    # The conversation keeps the image at the size the model sees (issue 21), not the frame.
+    resize = engine.prompts.image_processor.resize
+    assert len(res.prompt_images) == 1
+    assert np.array_equal(res.prompt_images[0], resize(img))
     assert res.prompt_token_ids.count(engine.model.config.image_token_id) == \
         ref.tokens_per_image(img)
     engine.reset(conv)
@@ -64,7 +68,9 @@ def test_two_images(engine, ref):
     conv = engine.new_conversation()
     imgs = [random_image(2, 64, 200), random_image(3, 150, 90)]
     res = check_turn(engine, ref, conv, "How many shapes are there?", imgs)
-    assert [im is orig for im, orig in zip(res.prompt_images, imgs, strict=True)] == [True] * 2
+    resize = engine.prompts.image_processor.resize
+    assert all(np.array_equal(im, resize(orig))
+               for im, orig in zip(res.prompt_images, imgs, strict=True))
     engine.reset(conv)
 
 

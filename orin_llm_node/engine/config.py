@@ -3,8 +3,10 @@
 """Engine and sampling configuration: plain dataclasses, validated once at construction."""
 
 from dataclasses import dataclass
+import numbers
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from orin_llm_node.quantization import AT_LOAD_FORMATS
@@ -22,6 +24,17 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
+
+#: Sampling temperatures other than 0 must lie in ``[MIN_TEMPERATURE, MAX_TEMPERATURE]``: the
+#: normal float32 range. The sampler works in float32 on ``(logits - max) / temperature``,
+#: whose entries are <= 0 with the maximum exactly 0, so the softmax sees a finite 0 and values
+#: that may round to -inf (probability 0) but never +inf or NaN, provided the temperature is a
+#: positive normal float32: a smaller value rounds to 0 or a subnormal (flushed to 0 on a GPU;
+#: 0 / 0 is NaN), and a larger one rounds to inf (-inf / inf is NaN for masked tokens).
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)  # 1.1754944e-38
+MAX_TEMPERATURE = float(np.finfo(np.float32).max)  # 3.4028235e+38
+#: Seeds ``torch.Generator.manual_seed`` takes as themselves (it maps negative ones onto these).
+MAX_SEED = 2**64 - 1
 
 
 def _positive_int(name, value, allow_none=False):
@@ -168,9 +181,11 @@ class EngineConfig:
 class SamplingParams:
     """Per-request decoding settings. ``temperature == 0`` is greedy (deterministic).
 
-    ``top_k == 0`` and ``top_p == 1.0`` disable those filters; ``seed`` makes sampling
-    reproducible; ``timeout_s`` ends the answer with ``finish_reason="timeout"``. The ROS
-    parameters that set these: ``EngineConfig``'s docstring.
+    ``top_k == 0`` and ``top_p == 1.0`` disable those filters; ``seed`` (an integer in
+    ``[0, 2**64 - 1]``, None = random) makes sampling reproducible; ``timeout_s`` ends the
+    answer with ``finish_reason="timeout"``. A temperature other than 0 must be in
+    ``[MIN_TEMPERATURE, MAX_TEMPERATURE]`` (why: ``MIN_TEMPERATURE``). The ROS parameters that
+    set these: ``EngineConfig``'s docstring.
 
     ``response_format`` constrains the answer (``engine/structured.py``):
     ``{"type": "json_object"}``, ``{"type": "json_schema", "schema": {...}}`` or
@@ -188,17 +203,28 @@ class SamplingParams:
     response_format: dict | None = None
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid field (run at construction)."""
         _positive_int("max_tokens", self.max_tokens)
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not (
+                t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
+            raise ValueError(
+                f"temperature must be 0 (greedy) or a finite number in [{MIN_TEMPERATURE:.7g}, "
+                f"{MAX_TEMPERATURE:.7g}] (the normal float32 range the sampler divides by), "
+                f"got {t!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
+            or not 0 <= self.seed <= MAX_SEED
         ):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+            raise ValueError(f"seed must be None (random) or an integer in [0, 2**64 - 1], "
+                             f"got {self.seed!r}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 when set, got {self.timeout_s!r}")
         self.response_format = check_response_format(self.response_format)

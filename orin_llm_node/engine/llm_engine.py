@@ -3,11 +3,14 @@
 """LLMEngine: conversations, ``chat`` / ``chat_stream``, ``cancel``, ``reset``, ``stats``.
 
 Single-threaded: one generation at a time, run by the caller's thread. ``cancel()`` is the one
-call another thread may make (a flag checked before every step).
+call another thread may make (a flag checked before every step); ``check_system_prompt()``
+reads nothing that a turn changes. Any other call made while one runs (on another thread, or
+while a ``chat_stream`` generator is left open) raises ``RuntimeError`` (``thread_guard``).
 """
 
 from dataclasses import asdict, dataclass, field
 import logging
+import math
 import threading
 import time
 import weakref
@@ -38,6 +41,7 @@ from .memory_plan import MemoryPlanError, plan_memory
 from .model_runner import ModelRunner
 from .sampler import Sampler
 from .structured import GrammarTokenizer, parse_answer, structured_available
+from .thread_guard import SingleThreadGuard
 from .vision_cache import VisionCache
 
 __all__ = ["ChatResult", "EngineStats", "LLMEngine", "StreamEvent"]
@@ -62,7 +66,9 @@ class ChatResult:
     """The outcome of one turn.
 
     ``prompt_token_ids``: everything attended for this turn (history included, after any
-    dropped turns); ``prompt_images``: the images inside it, in order; ``prompt_videos``: the
+    dropped turns); ``prompt_images``: the images inside it, in order, as the model sees them
+    (resized: the reference image processor gives the same patches from them as from the
+    caller's frames); ``prompt_videos``: the
     video clips inside it, in order, each as the model saw it (the sampled frames at model
     size, with their timestamps: ``VideoProcessor.patchify`` gives the reference's pixel input);
     images and clips are two lists, as the reference takes them (``pixel_values`` and
@@ -147,6 +153,7 @@ class LLMEngine:
                         mcfg.vision_start_token_id, mcfg.vision_end_token_id}
         self._grammar_tokenizer = None  # built at warm-up or by the first constrained answer
         self._cancel = threading.Event()
+        self._guard = SingleThreadGuard()
         # Every live conversation (for reset()); a weak map, so dropping one frees it.
         self._conversations: weakref.WeakValueDictionary[int, Conversation] = (
             weakref.WeakValueDictionary())
@@ -190,11 +197,46 @@ class LLMEngine:
         return self._weight_bytes
 
     def new_conversation(self, system_prompt: str | None = None) -> Conversation:
-        """Start a conversation; the system prompt's blocks are shared through the cache."""
-        conv = Conversation(self.prompts.system_piece(system_prompt), KVBlocks())
-        self.kv.track(conv)
-        self._conversations[conv.id] = conv
-        return conv
+        """Start a conversation; the system prompt's blocks are shared through the cache.
+
+        ``ValueError`` (see ``check_system_prompt``) for a system prompt no turn could follow.
+        """
+        with self._guard.hold("new_conversation"):
+            conv = Conversation(self._system_piece(system_prompt), KVBlocks())
+            self.kv.track(conv)
+            self._conversations[conv.id] = conv
+            return conv
+
+    def check_system_prompt(self, system_prompt: str | None) -> None:
+        """Raise ``ValueError`` saying why ``system_prompt`` cannot lead a usable conversation.
+
+        Refused: text that is not a str or not valid Unicode, text the chat template cannot
+        render as it is, and a prompt that leaves no room, within ``max_model_len`` or the KV
+        pool, for the shortest user turn and one answer token. Control-token strings in it are
+        not refused: they are tokenized as text. Any thread may call it (it reads only the
+        template, the tokenizer and the configuration), e.g. to check a new value while a
+        turn runs.
+        """
+        self._system_piece(system_prompt)
+
+    def _system_piece(self, system_prompt):
+        if system_prompt is None:
+            return self.prompts.system_piece(None)
+        _check_text("system prompt", system_prompt)
+        piece = self.prompts.system_piece(system_prompt)
+        shortest = len(piece.token_ids) + len(
+            self.prompts.user_turn(piece.messages, "", []).token_ids)
+        if shortest >= self.config.max_model_len:
+            raise ValueError(
+                f"the system prompt takes {len(piece.token_ids)} tokens: with the shortest user "
+                f"turn that is {shortest} tokens, no room for an answer within max_model_len "
+                f"{self.config.max_model_len}")
+        blocks = math.ceil(shortest / self.config.block_size)
+        if blocks > self.pool.num_blocks:
+            raise ValueError(
+                f"the system prompt takes {len(piece.token_ids)} tokens: with the shortest user "
+                f"turn that needs {blocks} KV blocks, the pool has {self.pool.num_blocks}")
+        return piece
 
     def warmup(self, image_sizes=None, video_sizes=(), should_stop=None) -> float:
         """Do at start-up what would otherwise stall the first prompts; returns the seconds.
@@ -211,8 +253,11 @@ class LLMEngine:
         ``should_stop`` (a callable) is asked before each step; ``LoadInterrupted`` is raised
         when it answers True.
         """
-        if image_sizes is None:
-            image_sizes = COMMON_FRAME_SIZES
+        with self._guard.hold("warmup"):
+            return self._warmup(COMMON_FRAME_SIZES if image_sizes is None else image_sizes,
+                                video_sizes, should_stop)
+
+    def _warmup(self, image_sizes, video_sizes, should_stop) -> float:
         t0 = time.perf_counter()
         processor, video = self.prompts.image_processor, self.prompts.video_processor
         # The grid follows from the size alone (no frame is built, resized or patched): the
@@ -249,13 +294,18 @@ class LLMEngine:
 
         The blocks go back to the pool tail first, so hashed ones stay reusable as cache.
         """
-        self.kv.collect()
-        for c in list(self._conversations.values()) if conv is None else [conv]:
-            self.kv.release(c)
-            c.reset()
+        with self._guard.hold("reset"):
+            self.kv.collect()
+            for c in list(self._conversations.values()) if conv is None else [conv]:
+                self.kv.release(c)
+                c.reset()
 
     def stats(self) -> EngineStats:
-        """Block pool counts, prefix-cache and exhaustion counters, vision-cache hits."""
+        """Block pool counts, prefix-cache and exhaustion counters, vision-cache hits.
+
+        Allowed between the steps of this thread's own ``chat_stream``.
+        """
+        self._guard.peek("stats")
         return EngineStats(**asdict(self.kv.stats()), vision_cache_hits=self.vision_cache.hits,
                            vision_cache_misses=self.vision_cache.misses)
 
@@ -277,11 +327,19 @@ class LLMEngine:
                     sampling: SamplingParams | None = None, *, videos=None):
         """Like ``chat``, yielding ``StreamEvent``s with text deltas; the last carries the result.
 
-        Invalid input (text, images, clips, a ``response_format`` the library rejects or cannot
-        take because it is not installed) raises ``ValueError`` before anything changes;
-        running out of context or KV blocks never raises: ``finish_reason`` says what
-        happened (a clip longer than the context is refused with ``context_full``).
+        Invalid input (text, images, clips, sampling values, a ``response_format`` the library
+        rejects or cannot take because it is not installed) raises ``ValueError`` before
+        anything changes; running out of context or KV blocks never raises: ``finish_reason``
+        says what happened (a clip longer than the context is refused with ``context_full``).
+        The generator holds the engine from its first step to its end (or ``close()``): see the
+        module docstring.
         """
+        with self._guard.hold("chat_stream"):
+            yield from self._chat_stream(conv, text, images, sampling, videos)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _chat_stream(self, conv, text, images, sampling, videos):
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
@@ -303,6 +361,9 @@ class LLMEngine:
             if not isinstance(clip, VideoClip):
                 raise ValueError(f"videos must hold VideoClips, got {type(clip).__name__}")
         grammar = self._grammar_for(sampling.response_format)
+        # Built first: SamplingParams is a plain dataclass, a value changed after construction
+        # is checked here, before the turn opens.
+        sampler = Sampler(sampling, self.device, self._banned, grammar)
         turn = self.prompts.user_turn(conv.messages(), parts, list(images or []),
                                       list(videos or []))
         plan = self.kv.admit(conv, turn, sampling.max_tokens)
@@ -312,12 +373,10 @@ class LLMEngine:
         state = _TurnState(t0, conv.num_kv_tokens, plan.drop)
         state.response_format, state.grammar = sampling.response_format, grammar
         try:
-            yield from self._generate(conv, sampling, state, turn.pixel_values)
+            yield from self._generate(conv, sampler, state, turn.pixel_values)
         finally:
             self._close_turn(conv, state)
         yield StreamEvent(state.tail, result=state.result)
-
-    # ---- internals -------------------------------------------------------------------------
 
     def _grammar_for(self, response_format):
         # A fresh matcher for this answer (None when unconstrained).
@@ -373,9 +432,8 @@ class LLMEngine:
             torch.cuda.synchronize(self.device)
         return parts[0], time.perf_counter() - t0
 
-    def _generate(self, conv: Conversation, sampling: SamplingParams, state: "_TurnState",
-                  pixels):
-        kv, runner = self.kv, self.runner
+    def _generate(self, conv: Conversation, sampler: Sampler, state: "_TurnState", pixels):
+        kv, runner, sampling = self.kv, self.runner, sampler.params
         prompt = list(conv.token_ids)
         spans = conv.media_spans()
         state.prompt_ids = prompt
@@ -389,7 +447,6 @@ class LLMEngine:
         logits = runner.prefill(prompt[state.cached:], positions[:, state.cached:],
                                 conv.block_table, state.cached, visual)
         kv.kv_written(conv, len(prompt))
-        sampler = Sampler(sampling, self.device, self._banned, state.grammar)
         detok = state.detok = IncrementalDetokenizer(self.tokenizer.decode)
         eos = set() if sampling.ignore_eos else set(self.tokenizer.eos_ids)
         gen = state.token_ids

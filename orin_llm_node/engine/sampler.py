@@ -25,6 +25,7 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, device: torch.device, banned_ids=(),
                  grammar=None):
+        params.validate()  # a dataclass field may have changed since construction
         self.params = params
         # Multimodal placeholders are never valid output (they would corrupt the history).
         self.banned_ids = tuple(sorted(banned_ids))
@@ -53,7 +54,10 @@ class Sampler:
         p = self.params
         if p.greedy:
             return int(torch.argmax(logits))
-        logits = logits.float() / p.temperature
+        # Shifted so the maximum is 0: no +inf or NaN for any temperature SamplingParams allows
+        # (config.MIN_TEMPERATURE); softmax and the filters below are shift-invariant.
+        logits = logits.float()
+        logits = (logits - logits.max()) / p.temperature
         if p.top_k and p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -8,6 +8,11 @@ jinja2 environment with ``trim_blocks``/``lstrip_blocks``, the ``loopcontrols`` 
 named special tokens (``eos_token``, ...) as template variables. Tokenization uses the
 ``tokenizers`` library directly on ``tokenizer.json``; no token id is hard-coded, every id is
 looked up from the checkpoint.
+
+Message text is tokenized as text (``Tokenizer.encode_parts``): an added token's string (such as
+``<|im_start|>``) typed by a user gives the ids of its characters, never the control token;
+only the template's own text yields control tokens. transformers' ``apply_chat_template``
+parses them in message text too; on text without such strings both give the same ids.
 """
 
 from collections.abc import Sequence
@@ -146,7 +151,8 @@ class ChatTemplate:
         ``messages``: dicts with ``role`` (system / user / assistant) and ``content`` (a string,
         or a list of ``{"type": "image"}`` and ``{"type": "text", "text": ...}`` items). Keys
         whose value is ``None`` are dropped, as transformers does. Extra keyword arguments are
-        template variables (they override the special tokens of the same name).
+        template variables (they override the special tokens of the same name). A template
+        error (its ``raise_exception``) raises ``ValueError``.
         """
         if not messages:
             raise ValueError("cannot render an empty conversation")
@@ -156,10 +162,14 @@ class ChatTemplate:
                 raise TypeError(f"chat messages must be dicts, got {message!r}")
             chat.append(_plain({k: v for k, v in message.items() if v is not None}))
         variables = {**self.special_tokens, **_plain(template_kwargs)}
-        return self._compiled.render(
-            messages=chat, tools=None, documents=None,
-            add_generation_prompt=add_generation_prompt, **variables,
-        )
+        try:
+            return self._compiled.render(
+                messages=chat, tools=None, documents=None,
+                add_generation_prompt=add_generation_prompt, **variables,
+            )
+        except jinja2.TemplateError as exc:  # the template's raise_exception, a bad value
+            raise ValueError(f"the chat template cannot render this conversation: {exc}"
+                             ) from None
 
 
 def expand_image_pads(
@@ -228,6 +238,13 @@ class Tokenizer:
         self.im_start_id = self.token_id(self.IM_START)
         self.im_end_id = self.token_id(self.IM_END)
         self.video_pad_id = tokenizer.token_to_id(self.VIDEO_PAD)
+        # Every added token (control tokens and the rest), and a copy of the tokenizer that
+        # knows none of them: what message text is tokenized with (encode_parts).
+        added = tokenizer.get_added_tokens_decoder()
+        self.added_ids = frozenset(added)
+        plain = json.loads(tokenizer.to_str())
+        plain["added_tokens"] = []
+        self._text_tok = tokenizers.Tokenizer.from_str(json.dumps(plain))
         self.eos_ids = tuple(dict.fromkeys(int(i) for i in eos_ids))
         if not self.eos_ids:
             self.eos_ids = (self.im_end_id,)
@@ -269,6 +286,36 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Tokenize ``text``; special tokens written in it are recognised, no BOS is added."""
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Tokenize ``text`` as text: added-token strings in it are not recognised."""
+        return self._text_tok.encode(text, add_special_tokens=False).ids if text else []
+
+    def encode_parts(self, parts: Sequence[tuple[str, bool]]) -> list[int]:
+        """Tokenize a rendered prompt given as ``(text, trusted)`` pieces, in order.
+
+        Added tokens are recognised in trusted pieces (the chat template's own text) only;
+        untrusted pieces (message text) are plain text. The text between two recognised tokens
+        is tokenized as one run, as ``tokenizers`` does it, so the ids equal ``encode`` of the
+        joined text whenever the untrusted pieces hold no added-token string.
+        """
+        ids: list[int] = []
+        run: list[str] = []
+        for text, trusted in parts:
+            if not trusted:
+                run.append(text)
+                continue
+            pos = 0
+            enc = self._tok.encode(text, add_special_tokens=False)
+            for tid, (start, end) in zip(enc.ids, enc.offsets, strict=True):
+                if tid in self.added_ids:
+                    run.append(text[pos:start])
+                    ids.extend(self.encode_text("".join(run)))
+                    ids.append(tid)
+                    run, pos = [], end
+            run.append(text[pos:])
+        ids.extend(self.encode_text("".join(run)))
+        return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Turn ids back into text."""

@@ -67,12 +67,14 @@ class ProcessedImage:
 
     ``pixel_values``: float32 ``[t*h*w, 3 * temporal_patch_size * patch_size**2]`` patches;
     ``grid_thw``: the patch grid ``(1, H / patch, W / patch)``; ``num_tokens``: how many
-    ``<|image_pad|>`` tokens (merged patches) the image takes in the prompt.
+    ``<|image_pad|>`` tokens (merged patches) the image takes in the prompt; ``image``: the
+    uint8 RGB image at the size the model sees (what the patches were cut from).
     """
 
     pixel_values: torch.Tensor
     grid_thw: tuple[int, int, int]
     num_tokens: int
+    image: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,12 @@ class ImageProcessor:
         h, w = self.target_size(height, width)
         return (h // self.factor) * (w // self.factor)
 
-    def preprocess(self, rgb: np.ndarray) -> ProcessedImage:
-        """Turn one ``H x W x 3`` uint8 RGB array into pixel patches and its grid."""
+    def resize(self, rgb: np.ndarray) -> np.ndarray:
+        """Return ``rgb`` (``H x W x 3`` uint8) at the size the model sees, as a new array.
+
+        This is all that re-prefilling the image needs: ``patchify`` of it gives the same
+        patches as ``preprocess`` of the original, bit for bit.
+        """
         if not isinstance(rgb, np.ndarray):
             raise ValueError(f"image must be a numpy array, got {type(rgb).__name__}")
         if rgb.dtype != np.uint8:
@@ -188,24 +194,35 @@ class ImageProcessor:
             raise ValueError(f"image must be H x W x 3 (RGB), got shape {tuple(rgb.shape)}")
         height, width = rgb.shape[:2]
         new_h, new_w = self.target_size(height, width)
-
         # Pillow resizes uint8 in uint8 (rounding and clipping inside), exactly the reference.
         pil = Image.fromarray(np.ascontiguousarray(rgb))
         if (new_h, new_w) != (height, width):
             pil = pil.resize((new_w, new_h), resample=self.resample)
-        pixels = np.asarray(pil)
+        return np.array(pil)  # a copy: never a view of the caller's frame
+
+    def patchify(self, resized: np.ndarray) -> ProcessedImage:
+        """Pixel patches of an image ``resize`` returned (no second resize)."""
+        height, width = resized.shape[:2]
+        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
+        if height % self.factor or width % self.factor:
+            raise ValueError(f"patchify needs sides that are multiples of {self.factor}, got "
+                             f"{height}x{width} (resize the image first)")
 
         # Rescale in float64 then cast, normalise in float32: the reference's order and dtypes.
-        x = (pixels.astype(np.float64) * self.rescale_factor).astype(np.float32)
+        x = (resized.astype(np.float64) * self.rescale_factor).astype(np.float32)
         x = (x - np.asarray(self.mean, dtype=np.float32)) / np.asarray(self.std, dtype=np.float32)
 
-        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
-        gh, gw = new_h // p, new_w // p
+        gh, gw = height // p, width // p
         x = x.reshape(gh // m, m, p, gw // m, m, p, 3)
         # -> (merge row, merge col, row in window, col in window, C, py, px)
         x = x.transpose(0, 3, 1, 4, 6, 2, 5)
         x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], t, p, p))
         patches = torch.from_numpy(np.ascontiguousarray(x).reshape(gh * gw, 3 * t * p * p))
         return ProcessedImage(
-            pixel_values=patches, grid_thw=(1, gh, gw), num_tokens=gh * gw // (m * m)
+            pixel_values=patches, grid_thw=(1, gh, gw), num_tokens=gh * gw // (m * m),
+            image=resized,
         )
+
+    def preprocess(self, rgb: np.ndarray) -> ProcessedImage:
+        """Turn one ``H x W x 3`` uint8 RGB array into pixel patches and its grid."""
+        return self.patchify(self.resize(rgb))

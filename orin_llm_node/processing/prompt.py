@@ -9,11 +9,23 @@ renders for the conversation so far, starting right after the last ``<|im_end|>`
 template's "\n<|im_start|>user\n..." continuation). Every piece boundary sits next to a special
 token, so tokenizing piece by piece gives the same ids as tokenizing the whole text: the history
 equals what the template renders for the conversation.
+
+Message text stays text: the template is rendered with a random placeholder in place of each
+text of the new message, and those texts are tokenized with no added token recognised in them
+(``Tokenizer.encode_parts``), so control-token strings typed by a user never become control
+tokens. A template whose output would differ with the real text in place (one that transforms
+or inspects message text) is refused rather than guessed at.
+
+Images: a conversation keeps each image at the size the model sees (``ImageRef.rgb``, at most
+3 bytes per pixel of ``max_pixels``, i.e. 3 x 1024 bytes per image token with patch 16 and merge
+2), never the caller's full-resolution frame; the prefix-cache key stays the content hash of the
+frame the caller passed.
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 import hashlib
+import secrets
 
 import numpy as np
 import torch
@@ -34,7 +46,12 @@ def image_key(rgb: np.ndarray) -> bytes:
 
 @dataclass(frozen=True)
 class ImageRef:
-    """One image of a prompt: the caller's array, its content hash, grid and token count."""
+    """One image of a prompt: its pixels, content hash, grid and token count.
+
+    ``rgb``: the uint8 image at the size the model sees (``ImageProcessor.resize`` of the
+    caller's frame; re-prefills patchify it again); ``key``: the content hash of the caller's
+    frame (the prefix-cache and vision-cache key).
+    """
 
     rgb: np.ndarray
     key: bytes
@@ -121,13 +138,48 @@ class PromptBuilder:
         cut += len(self.im_end)
         return rendered[:cut], rendered[cut:]
 
+    def _encode(self, message, texts: list[str], add_generation_prompt: bool,
+                history: Sequence[dict] = ()) -> list[int]:
+        # ``message(ts)``: the HF-style message holding texts ``ts``. Returns the ids of what it
+        # adds to ``history`` (up to its last <|im_end|> without a generation prompt), with
+        # every text tokenized as text.
+        slots = [_slot() for _ in texts]
+        full = self.template.render([*history, message(slots)],
+                                    add_generation_prompt=add_generation_prompt)
+        start, tail = 0, ""
+        if history:
+            rendered = self.template.render(history, add_generation_prompt=False)
+            if not full.startswith(rendered):
+                raise ValueError("the chat template does not render conversations incrementally")
+            _, tail = self._head(rendered)
+            start = len(rendered)
+        piece = full[start:]
+        if not add_generation_prompt:
+            piece, _ = self._head(piece)
+        real = full
+        for slot, text in zip(slots, texts, strict=True):
+            if piece.count(slot) != 1 or full.count(slot) != 1:
+                raise ValueError("the chat template does not render message text as it is")
+            real = real.replace(slot, text)
+        if self.template.render([*history, message(list(texts))],
+                                add_generation_prompt=add_generation_prompt) != real:
+            raise ValueError("the chat template renders this text differently from other text "
+                             "(it inspects or transforms message text)")
+        parts, pos, trusted = [], 0, tail
+        for at, slot, text in sorted((piece.index(sl), sl, t)
+                                     for sl, t in zip(slots, texts, strict=True)):
+            parts += [(trusted + piece[pos:at], True), (text, False)]
+            pos, trusted = at + len(slot), ""
+        parts.append((trusted + piece[pos:], True))
+        return self.tokenizer.encode_parts(parts)
+
     def system_piece(self, system_prompt: str | None) -> PromptPiece:
-        """Piece of a system prompt (an empty piece for None)."""
+        """Piece of a system prompt (an empty piece for None); its text is tokenized as text."""
         if system_prompt is None:
             return PromptPiece([], [])
-        messages = [{"role": "system", "content": system_prompt}]
-        head, _ = self._head(self.template.render(messages, add_generation_prompt=False))
-        return PromptPiece(messages, self.tokenizer.encode(head))
+        ids = self._encode(lambda ts: {"role": "system", "content": ts[0]}, [system_prompt],
+                           add_generation_prompt=False)
+        return PromptPiece([{"role": "system", "content": system_prompt}], ids)
 
     def user_turn(self, history: Sequence[dict], text, images: Sequence[np.ndarray] = (),
                   videos: Sequence[VideoClip] = ()) -> PromptPiece:
@@ -136,7 +188,8 @@ class PromptBuilder:
         The message's content is ``images``, then ``videos``, then ``text``, in the order the
         chat template renders a content list; ``text`` is a ``str`` or a list of parts, each a
         ``str``, an image array or a ``VideoClip``, rendered in their order (interleaved
-        content). It runs up to the assistant generation prompt.
+        content). It runs up to the assistant generation prompt; every text is tokenized as
+        text.
         """
         parts = list(text) if isinstance(text, (list, tuple)) else [text]
         content, refs, pixels = [], [], {}
@@ -154,22 +207,23 @@ class PromptBuilder:
                 content.append({"type": "image"})
                 processed = self.image_processor.preprocess(item)
                 key = image_key(item)
-                refs.append(ImageRef(item, key, tuple(processed.grid_thw), processed.num_tokens))
+                refs.append(ImageRef(processed.image, key, tuple(processed.grid_thw),
+                                     processed.num_tokens))
                 pixels[key] = processed.pixel_values
             else:
                 raise ValueError(f"message content must be text, an image (H x W x 3 uint8 "
                                  f"array) or a VideoClip, got {type(item).__name__}")
-        user = {"role": "user", "content": content}
-        full = self.template.render([*history, user], add_generation_prompt=True)
-        piece = full
-        if history:
-            rendered = self.template.render(history, add_generation_prompt=False)
-            if not full.startswith(rendered):
-                raise ValueError("the chat template does not render conversations incrementally")
-            _, tail = self._head(rendered)
-            piece = tail + full[len(rendered):]
-        ids, media = self._expand(self.tokenizer.encode(piece), refs)
-        return PromptPiece([user], ids, media, pixels)
+        texts = [c["text"] for c in content if c["type"] == "text"]
+
+        def message(ts):
+            it = iter(ts)
+            return {"role": "user", "content": [
+                {"type": "text", "text": next(it)} if c["type"] == "text" else c
+                for c in content]}
+
+        raw = self._encode(message, texts, add_generation_prompt=True, history=history)
+        ids, media = self._expand(raw, refs)
+        return PromptPiece([message(texts)], ids, media, pixels)
 
     def _video_ids(self, group_times, tokens_per_group: int):
         # transformers 5.x's expansion of the template's <|video_pad|> (the pad alone: the
@@ -221,10 +275,10 @@ class PromptBuilder:
         return ids, media
 
     def pixel_values(self, ref: ImageRef | VideoRef) -> torch.Tensor:
-        """Pixel patches of an image or clip of the history (preprocessed again)."""
+        """Pixel patches of an image or clip of the history (patchified again, no resize)."""
         if isinstance(ref, VideoRef):
             return self.video_processor.patchify(ref.clip).pixel_values
-        return self.image_processor.preprocess(ref.rgb).pixel_values
+        return self.image_processor.patchify(ref.rgb).pixel_values
 
     def positions(self, token_ids: list[int], spans) -> tuple[np.ndarray, int]:
         """M-RoPE positions ``[3, N]`` of a whole history and the start of what follows."""
@@ -233,3 +287,8 @@ class PromptBuilder:
         if self.video_token_id is not None:
             pads.append(self.video_token_id)
         return rope_positions(token_ids, grids, pads, self.merge_size)
+
+
+def _slot() -> str:
+    # A placeholder no message text can contain by chance or by design (random per prompt).
+    return f"\ue000{secrets.token_hex(16)}\ue001"

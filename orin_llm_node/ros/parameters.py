@@ -110,7 +110,7 @@ PARAMETERS = (
     Param('max_new_tokens', 256, 'most tokens generated per answer', runtime=True,
           constraints='>= 1'),
     Param('temperature', 0.0, 'sampling temperature (0 = greedy)', runtime=True,
-          constraints='>= 0.0'),
+          constraints='0, or a finite float in [1.2e-38, 3.4e38] (normal float32)'),
     Param('top_p', 1.0, 'nucleus sampling threshold (1 = off)', runtime=True,
           constraints='(0, 1]'),
     Param('top_k', 0, 'keep the k most likely tokens (0 = off)', runtime=True,
@@ -118,7 +118,8 @@ PARAMETERS = (
     Param('seed', -1, 'sampling seed (-1 = random)', _int_at_least(-1), runtime=True,
           constraints='>= -1'),
     Param('system_prompt', 'You are the vision-language assistant of a robot. Answer briefly.',
-          'system prompt of every conversation (a change starts a new conversation)',
+          'system prompt of every conversation (a change starts a new conversation); the '
+          'loaded engine refuses one that leaves no room for a turn',
           lambda v: None if len(v) <= MAX_PROMPT_CHARS else 'is too long', runtime=True),
     Param('kv_block_size', 16, 'tokens per KV block', constraints='>= 1'),
     Param('kv_cache_memory_mb', 0.0, 'KV pool size in MB (0 = automatic)',
@@ -187,6 +188,20 @@ def check_parameter(name, value):
         return f"parameter '{name}' must be {_TYPE_NAMES[kind]}, got {value!r}"
     reason = spec.check(value) if spec.check else None
     return None if reason is None else f"parameter '{name}' = {value!r}: {reason}"
+
+
+def check_system_prompt(engine, value):
+    """``ParameterError`` when ``engine`` cannot lead a conversation with this system prompt.
+
+    The engine's own check (``LLMEngine.check_system_prompt``, safe from any thread); empty
+    means none.
+    """
+    try:
+        engine.check_system_prompt(value or None)
+    except ValueError as exc:
+        shown = value if len(value) <= 60 else value[:57] + '...'
+        raise ParameterError(f"parameter 'system_prompt' = {shown!r} ({len(value)} characters)"
+                             f": {' '.join(str(exc).split())}") from None
 
 
 def check_parameters(values):
@@ -311,6 +326,9 @@ def on_set(node, params):
         values[param.name] = param.value
     try:
         check_parameters(values)
+        engine = node.worker.engine
+        if engine is not None and any(p.name == 'system_prompt' for p in params):
+            check_system_prompt(engine, values['system_prompt'])
     except ParameterError as exc:
         return SetParametersResult(successful=False, reason=str(exc))
     for param in params:

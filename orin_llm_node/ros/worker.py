@@ -219,6 +219,7 @@ class Worker:
         try:
             engine = model_loading.load_engine(self.node.params, self.node.get_logger(),
                                                should_stop=self._stopping)
+            parameters.check_system_prompt(engine, self.node.runtime('system_prompt'))
         except LoadInterrupted as exc:
             self.load_error = str(exc)
             return False
