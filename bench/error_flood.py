@@ -22,26 +22,13 @@ Loopback-only discovery and a private ROS_DOMAIN_ID.
 import argparse
 import array
 import json
-import os
 from pathlib import Path
 import subprocess
 import sys
 import tempfile
 import time
 
-
-def ros_env():
-    env = dict(os.environ)
-    env['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
-    env['ROS_LOCALHOST_ONLY'] = '1'
-    env.setdefault('ROS_DOMAIN_ID', str(100 + os.getpid() % 50))
-    env.setdefault('AMENT_PREFIX_PATH', sys.prefix)
-    env['PYTHONUNBUFFERED'] = '1'
-    return env
-
-
-os.environ.update({k: v for k, v in ros_env().items() if k.startswith(('ROS_', 'AMENT_'))})
-
+from loopback_env import ros_env  # noqa: E402  (sets the loopback environment before rclpy starts)
 import rclpy  # noqa: E402  (after the environment above)
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402

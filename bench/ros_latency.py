@@ -41,18 +41,7 @@ W, H = 640, 480
 MAX_NEW_TOKENS = 16
 
 
-def ros_env():
-    env = dict(os.environ)
-    env['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
-    env['ROS_LOCALHOST_ONLY'] = '1'
-    env.setdefault('ROS_DOMAIN_ID', str(100 + os.getpid() % 50))
-    env.setdefault('AMENT_PREFIX_PATH', sys.prefix)
-    env['PYTHONUNBUFFERED'] = '1'
-    return env
-
-
-os.environ.update({k: v for k, v in ros_env().items() if k.startswith(('ROS_', 'AMENT_'))})
-
+from loopback_env import ros_env  # noqa: E402  (sets the loopback environment before rclpy starts)
 import rclpy  # noqa: E402  (after the environment above)
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402

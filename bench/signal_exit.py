@@ -22,7 +22,6 @@ Loopback-only discovery and a private ROS_DOMAIN_ID.
 
 import argparse
 import json
-import os
 from pathlib import Path
 import signal
 import statistics
@@ -31,21 +30,9 @@ import sys
 import tempfile
 import time
 
-
-def ros_env():
-    env = dict(os.environ)
-    env['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
-    env['ROS_LOCALHOST_ONLY'] = '1'
-    env.setdefault('ROS_DOMAIN_ID', str(100 + os.getpid() % 50))
-    env.setdefault('AMENT_PREFIX_PATH', sys.prefix)
-    env['PYTHONUNBUFFERED'] = '1'
-    return env
-
-
-os.environ.update({k: v for k, v in ros_env().items() if k.startswith(('ROS_', 'AMENT_'))})
-
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState  # noqa: E402
+from loopback_env import ros_env  # noqa: E402  (sets the loopback environment before rclpy starts)
 import rclpy  # noqa: E402  (after the environment above)
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from std_msgs.msg import Bool, String  # noqa: E402

@@ -376,9 +376,7 @@ def _converse_video(client, opts, clip):
                  - client.get_clock().now().nanoseconds) / 1e9
         if ahead > 0:
             client.spin_until(lambda: False, ahead)
-        if client.send_image(msg, topic) == 'unmatched':
-            print(f'orin_llm_chat: nothing subscribes to {topic}: is the node\'s image topic '
-                  'remapped? Pass --image-topic.', file=sys.stderr)
+        if not _image_taken(client, msg, topic):
             return 1
     # The node's "last video_s seconds" end at its newest kept frame: our last one.
     seconds = (len(clip) - 0.5) / opts.fps
@@ -386,12 +384,7 @@ def _converse_video(client, opts, clip):
     if opts.response_format is not None:
         envelope['response_format'] = opts.response_format
     info = client.ask_envelope(envelope, opts.timeout)
-    if info is None:
-        print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
-        return 1
-    if info.get('text') is None:
-        print(f"orin_llm_chat: prompt refused (request {info.get('request_id')}): "
-              f"{info.get('error')}", file=sys.stderr)
+    if not _answered(info, opts):
         return 1
     print(info['text'])
     video = info.get('video') or {}
@@ -416,19 +409,12 @@ def _converse(client, opts, image):
         # another machine's clock can make it stale; a unique frame_id names it in the answer.
         image.header.frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
         topic = opts.image_topic or client.topic('image/compressed')
-        if client.send_image(image, topic) == 'unmatched':
-            print(f'orin_llm_chat: nothing subscribes to {topic}: is the node\'s image topic '
-                  'remapped? Pass --image-topic.', file=sys.stderr)
+        if not _image_taken(client, image, topic):
             return 1
     if opts.response_format is not None:
         return _converse_json(client, opts, image)
     info = client.ask_tagged(' '.join(opts.prompt), opts.timeout)
-    if info is None:
-        print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
-        return 1
-    if info.get('text') is None:
-        print(f"orin_llm_chat: prompt refused (request {info.get('request_id')}): "
-              f"{info.get('error')}", file=sys.stderr)
+    if not _answered(info, opts):
         return 1
     print(info['text'])
     print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
@@ -461,12 +447,7 @@ def _response_format(opts):
 def _converse_json(client, opts, image):
     info = client.ask_envelope({'prompt': ' '.join(opts.prompt),
                                 'response_format': opts.response_format}, opts.timeout)
-    if info is None:
-        print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
-        return 1
-    if info.get('text') is None:
-        print(f"orin_llm_chat: request refused (request {info.get('request_id')}): "
-              f"{info.get('error')}", file=sys.stderr)
+    if not _answered(info, opts):
         return 1
     print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
           f"valid={str(info.get('valid')).lower()}, {info.get('generated_tokens')} tokens]",
@@ -477,11 +458,33 @@ def _converse_json(client, opts, image):
               f"{info['finish_reason']}): not valid JSON for the schema", file=sys.stderr)
         return 1
     print(json.dumps(info['json'], ensure_ascii=False))
-    if image is not None and _image_verdict(info, image) is not None:
-        print('orin_llm_chat: the answer above was produced WITHOUT your image: '
-              f'{_image_verdict(info, image)}', file=sys.stderr)
+    why = None if image is None else _image_verdict(info, image)
+    if why is not None:
+        print(f'orin_llm_chat: the answer above was produced WITHOUT your image: {why}',
+              file=sys.stderr)
         return 1
     return 0
+
+
+def _image_taken(client, msg, topic):
+    """Send an image; False (said on stderr) when nothing subscribes to ``topic``."""
+    if client.send_image(msg, topic) != 'unmatched':
+        return True
+    print(f'orin_llm_chat: nothing subscribes to {topic}: is the node\'s image topic '
+          'remapped? Pass --image-topic.', file=sys.stderr)
+    return False
+
+
+def _answered(info, opts):
+    """Whether ``info`` is an answer; why not is said on stderr (no answer in time, refused)."""
+    if info is None:
+        print(f'orin_llm_chat: no answer after {opts.timeout:g} s', file=sys.stderr)
+        return False
+    if info.get('text') is None:
+        print(f"orin_llm_chat: prompt refused (request {info.get('request_id')}): "
+              f"{info.get('error')}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == '__main__':
