@@ -391,12 +391,7 @@ def _converse_video(client, opts, clip):
     print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
           f"{info.get('generated_tokens')} tokens, ttft {info.get('ttft_ms')} ms, clip "
           f"span {video.get('span_s')} s]", file=sys.stderr)
-    why = _video_verdict(info, frame_id)
-    if why is not None:
-        print(f'orin_llm_chat: the answer above was produced WITHOUT your clip: {why}',
-              file=sys.stderr)
-        return 1
-    return 0
+    return _used_or_said(_video_verdict(info, frame_id), 'clip')
 
 
 def _converse(client, opts, image):
@@ -420,13 +415,7 @@ def _converse(client, opts, image):
     print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
           f"{info.get('generated_tokens')} tokens, ttft {info.get('ttft_ms')} ms]",
           file=sys.stderr)
-    if image is not None:
-        why = _image_verdict(info, image)
-        if why is not None:
-            print(f'orin_llm_chat: the answer above was produced WITHOUT your image: {why}',
-                  file=sys.stderr)
-            return 1
-    return 0
+    return _used_or_said(None if image is None else _image_verdict(info, image), 'image')
 
 
 def _response_format(opts):
@@ -458,12 +447,7 @@ def _converse_json(client, opts, image):
               f"{info['finish_reason']}): not valid JSON for the schema", file=sys.stderr)
         return 1
     print(json.dumps(info['json'], ensure_ascii=False))
-    why = None if image is None else _image_verdict(info, image)
-    if why is not None:
-        print(f'orin_llm_chat: the answer above was produced WITHOUT your image: {why}',
-              file=sys.stderr)
-        return 1
-    return 0
+    return _used_or_said(None if image is None else _image_verdict(info, image), 'image')
 
 
 def _image_taken(client, msg, topic):
@@ -485,6 +469,15 @@ def _answered(info, opts):
               f"{info.get('error')}", file=sys.stderr)
         return False
     return True
+
+
+def _used_or_said(why, what):
+    """Exit code: 0 when the answer used the caller's ``what``, else 1 with ``why`` on stderr."""
+    if why is None:
+        return 0
+    print(f'orin_llm_chat: the answer above was produced WITHOUT your {what}: {why}',
+          file=sys.stderr)
+    return 1
 
 
 if __name__ == '__main__':
