@@ -365,19 +365,36 @@ def _converse_video(client, opts, clip):
               ' (is it running? same ROS_DOMAIN_ID?)', file=sys.stderr)
         return 1
     frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
-    first_ns = client.get_clock().now().nanoseconds
-    stamp_clip(clip, opts.fps, first_ns + round((len(clip) - 1) * 1e9 / opts.fps), frame_id)
-    # Stamped from now on, 1/fps apart: the last stamps lie ahead of the node's clock by up
+    topic = opts.image_topic or client.topic('image/compressed')
+    period_ns = round(1e9 / opts.fps)
+    # First the path: a reader can match our writer a DDS heartbeat (3 s) after our writer
+    # matched it, and frames sent before that arrive late and stale (seen under load: a clip
+    # of zero fresh frames).  One frame, stamped a period before the clip so that the clip's
+    # window leaves it out, is sent until the node acknowledges it.
+    warm_ns = client.get_clock().now().nanoseconds
+    if not _image_taken(client, stamp_clip([clip[0]], opts.fps, warm_ns, f'{frame_id}_path')[0],
+                        topic):
+        return 1
+    first_ns = max(client.get_clock().now().nanoseconds, warm_ns + 2 * period_ns)
+    stamp_clip(clip, opts.fps, first_ns + (len(clip) - 1) * period_ns, frame_id)
+    # Stamped from then on, 1/fps apart: the last stamps lie ahead of the node's clock by up
     # to the clip's length, so the clip is sent at its own pace (a stamp from the future is
     # refused), then asked for with the seconds it spans.
-    topic = opts.image_topic or client.topic('image/compressed')
+    # Each frame is published once, at its stamp (send_image's publish-until-acknowledged
+    # would repeat frames and hold the clip back until its frames are stale); reliable
+    # delivery retransmits a lost one.
+    pub = client.image_publisher(type(clip[0]), topic)
     for msg in clip:
         ahead = (msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
                  - client.get_clock().now().nanoseconds) / 1e9
         if ahead > 0:
             client.spin_until(lambda: False, ahead)
-        if not _image_taken(client, msg, topic):
-            return 1
+        pub.publish(msg)
+    # The prompt travels on another topic and the node's executor may take it before the
+    # last frame's callback: wait (bounded, so the frames stay inside image_max_age_s) for
+    # the frames to be acknowledged, then let the node's executor keep them.
+    pub.wait_for_all_acked(Duration(seconds=1.0))
+    client.spin_until(lambda: False, 0.2)
     # The node's "last video_s seconds" end at its newest kept frame: our last one.
     seconds = (len(clip) - 0.5) / opts.fps
     envelope = {'prompt': ' '.join(opts.prompt), 'video_s': round(seconds, 3)}
