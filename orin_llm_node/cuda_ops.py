@@ -3,14 +3,17 @@
 """The one module that owns CuPy: builds ``cuda_kernels/`` and launches them; the fused ops.
 
 * :func:`load_kernels` compiles every kernel file of a (dtype, head_dim) variant once per
-  process (``cupy.RawModule``; CuPy also caches on disk) and fetches the functions -- call it
-  during warm-up, never inside a graph capture.
+  process (``cupy.RawModule``) and fetches the functions -- call it during warm-up, never
+  inside a graph capture. CuPy keeps each compiled module on disk (:func:`kernel_cache`:
+  ``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``), so a later process loads it without
+  running NVRTC.
 * :func:`kernel_launcher` returns ``launch(name, grid, block, args)``, which runs a kernel on
   ``torch.cuda.current_stream()`` resolved at every call, so a launch inside
   ``torch.cuda.graph`` lands in the capture stream, with the kernels' device made current
   (``device: cuda:1`` launches in device 1's context whatever the thread's current device).
   All buffers are torch tensors passed by ``data_ptr()``; scalars are numpy scalars typed to
-  the C signature. Tests pass the CPU emulator's launcher (same convention) instead.
+  the C signature. Tests pass the CPU emulator's launcher (same convention) instead;
+  :class:`LaunchCounter` wraps either and counts what really launched.
 * :class:`FusedOps` wraps the non-attention fused kernels (RMSNorm, add + RMSNorm, SiLU x up,
   the weight-only quantized linear layers) that ``layers.dispatch`` routes the layers to; the
   attention kernels (q/k-norm + RoPE + KV write, paged decode) are wrapped by
@@ -21,6 +24,8 @@ Nothing else imports CuPy, and this module imports it only when a kernel is buil
 
 from functools import cache
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,10 +33,12 @@ import torch.nn.functional as F
 
 from orin_llm_node import kernel_sources as ks
 from orin_llm_node.layers.activation import silu_and_mul
+from orin_llm_node.layers.dispatch import tensor_device
 from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm
 
-__all__ = ["GEMV_MAX_ROWS", "TORCH_DTYPES", "FusedOps", "cupy_available", "external_stream",
-           "kernel_launcher", "load_kernels"]
+__all__ = ["DEFAULT_KERNEL_CACHE", "GEMV_MAX_ROWS", "TORCH_DTYPES", "FusedOps", "LaunchCounter",
+           "cupy_available", "external_stream", "kernel_cache", "kernel_launcher",
+           "load_kernels"]
 
 #: Most activation rows the quantized GEMV serves; beyond (prefill), dequantise + matmul (the
 #: GEMV re-reads the weight once per row).
@@ -42,6 +49,9 @@ TORCH_DTYPES = {
     torch.bfloat16: "bfloat16",
     torch.float32: "float32",
 }
+#: Where CuPy keeps compiled modules when ``CUPY_CACHE_DIR`` is unset (CuPy's documented
+#: default, CuPy 13 and 14 alike).
+DEFAULT_KERNEL_CACHE = "~/.cupy/kernel_cache"
 
 
 def _import_cupy():
@@ -131,8 +141,8 @@ def external_stream(cupy, ptr: int, device_index: int):
 def kernel_launcher(dtype: torch.dtype, head_dim: int, device: torch.device):
     """``launch(name, grid, block, args)`` for the CuPy-built kernels of this variant."""
     cupy = _import_cupy()
-    device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    device = tensor_device(device)
+    index = device.index
     fns = load_kernels(TORCH_DTYPES[dtype], head_dim, index)
     # The functions belong to device ``index``'s context: launch them there, whichever device
     # the calling thread has current (torch's ops on cuda:N tensors do not change it).
@@ -153,6 +163,29 @@ def kernel_launcher(dtype: torch.dtype, head_dim: int, device: torch.device):
     return launch
 
 
+class LaunchCounter:
+    """Wraps a ``launch(name, grid, block, args)`` and counts the launches that went through.
+
+    A fused op whose inputs the kernels cannot take runs its torch body and launches nothing;
+    ``orin_llm_check`` and the GPU tests compare through a counter, so that comparing the
+    torch body with itself is a failure and not a pass.
+    """
+
+    def __init__(self, launch) -> None:
+        self.launch = launch
+        self.counts: dict[str, int] = {}
+
+    @property
+    def total(self) -> int:
+        """Launches so far, every kernel together."""
+        return sum(self.counts.values())
+
+    def __call__(self, name, grid, block, args) -> None:
+        """Launch through the wrapped launcher; counted once it returned."""
+        self.launch(name, grid, block, args)
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+
 def _rows_ok(x: torch.Tensor, vec: int) -> bool:
     """2-D, dense rows of whole 16-byte vectors at 16-byte aligned addresses."""
     return (x.dim() == 2 and x.stride(1) == 1 and x.shape[1] % vec == 0
@@ -168,7 +201,8 @@ class FusedOps:
     Args:
         dtype: activation dtype (float16, bfloat16 or float32).
         head_dim: which compiled variant to use (the kernels here do not depend on it).
-        device: the CUDA device (or the CPU, with an emulated ``launch``).
+        device: the CUDA device (or the CPU, with an emulated ``launch``); ``cuda`` means the
+            current device, taken as ``cuda:<index>`` as its tensors report it.
         launch: ``launch(name, grid, block, args)``; None builds the CuPy kernels now.
     """
 
@@ -176,7 +210,9 @@ class FusedOps:
                  launch=None) -> None:
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"fused kernels support {list(TORCH_DTYPES)}, got {dtype}")
-        self.dtype, self.device = dtype, torch.device(device)
+        # The ops compare each input's device with this one: ``cuda`` would match no tensor
+        # (they report ``cuda:0``) and every op would quietly run its torch body.
+        self.dtype, self.device = dtype, tensor_device(device)
         self._vec = 16 // torch.empty((), dtype=dtype).element_size()
         self._launch = launch if launch is not None else kernel_launcher(dtype, head_dim,
                                                                          self.device)
@@ -269,8 +305,34 @@ class FusedOps:
         return F.linear(x2, weight, bias).view(*lead, n)
 
 
+def kernel_cache() -> dict:
+    """Where CuPy keeps compiled kernels across runs (``orin_llm_check`` shows it).
+
+    ``dir``: ``CUPY_CACHE_DIR`` or CuPy's default (read by CuPy 14 when CuPy is imported, by
+    CuPy 13 at each compile: set it before the process starts); ``in_memory``:
+    ``CUPY_CACHE_IN_MEMORY`` turns the disk cache off; ``writable``: whether this process can
+    add to it (missing directories are created by CuPy); ``modules``: compiled modules there.
+    """
+    path = Path(os.environ.get("CUPY_CACHE_DIR") or DEFAULT_KERNEL_CACHE).expanduser()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:  # as CuPy reads its flags: an integer equal to 1
+        in_memory = int(os.environ.get("CUPY_CACHE_IN_MEMORY") or 0) == 1
+    except ValueError:
+        in_memory = False
+    modules = len(list(path.glob("*.cubin"))) if path.is_dir() else 0
+    return {"dir": str(path), "in_memory": in_memory,
+            "writable": existing.is_dir() and os.access(existing, os.W_OK | os.X_OK),
+            "modules": modules}
+
+
 def versions() -> dict:
-    """CuPy, CUDA driver / runtime and NVRTC versions (``orin_llm_check``); {} without CuPy."""
+    """CuPy, CUDA driver / runtime and NVRTC versions, CuPy's CUDA root; {} without CuPy.
+
+    ``cuda_root`` is the CUDA toolkit CuPy found (``CUDA_PATH``, ``nvcc`` on ``PATH`` or
+    ``/usr/local/cuda``), None when it found none.
+    """
     try:
         cupy = _import_cupy()
     except RuntimeError:
@@ -279,7 +341,7 @@ def versions() -> dict:
     def dotted(v):
         return f"{v // 1000}.{v % 1000 // 10}"
 
-    out = {"cupy": cupy.__version__}
+    out = {"cupy": cupy.__version__, "cuda_root": cupy.cuda.get_cuda_path()}
     for key, read in (("cuda_driver", lambda: dotted(cupy.cuda.runtime.driverGetVersion())),
                       ("cuda_runtime", lambda: dotted(cupy.cuda.runtime.runtimeGetVersion())),
                       ("nvrtc", lambda: ".".join(map(str, cupy.cuda.nvrtc.getVersion())))):

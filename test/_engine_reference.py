@@ -70,8 +70,20 @@ class Reference:
             ns, video, cfg["patch_size"], cfg["merge_size"], cfg["temporal_patch_size"])
         return patches[0], torch.tensor([[t, h, w]])
 
-    def _generate(self, prompt_ids, images, max_new_tokens, ignore_eos, videos=()):
-        ids = torch.tensor([prompt_ids])
+    def next_token_logits(self, prompt_ids, images, tokens):
+        """fp32 logits ``[len(tokens), V]``: the reference's scores for each of ``tokens``.
+
+        Teacher-forced: row ``i`` scores the position of ``tokens[i]`` after ``prompt_ids`` and
+        ``tokens[:i]`` (one forward over the whole sequence), so another implementation's
+        greedy tokens can be checked step by step without following the reference's own.
+        """
+        ids = torch.tensor([list(prompt_ids) + list(tokens)])
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             **self._media_inputs(ids, images, ()))
+        return out.logits[0, len(prompt_ids) - 1:ids.shape[1] - 1].float()
+
+    def _media_inputs(self, ids, images, videos) -> dict:
         kwargs = {}
         if images:
             out = self.processor(images=list(images), return_tensors="pt")
@@ -87,6 +99,11 @@ class Reference:
             # transformers 5 needs the multimodal token types to build M-RoPE positions.
             kwargs["mm_token_type_ids"] = ((ids == self.image_token_id).int()
                                            + 2 * (ids == self.video_token_id).int())
+        return kwargs
+
+    def _generate(self, prompt_ids, images, max_new_tokens, ignore_eos, videos=()):
+        ids = torch.tensor([prompt_ids])
+        kwargs = self._media_inputs(ids, images, videos)
         config = copy.deepcopy(self.model.generation_config)
         config.do_sample = False
         config.max_new_tokens = max_new_tokens

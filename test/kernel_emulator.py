@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from orin_llm_node import kernel_sources as ks
+from orin_llm_node.cuda_ops import LaunchCounter
 
 HARNESS = r"""
 #include <cmath>
@@ -328,16 +329,16 @@ def emulated_launch(dtype: str, head_dim: int):
     return launch
 
 
-class CountingLaunch:
-    """Wraps a launcher; counts kernel launches by name and keeps each kernel's last args."""
+class CountingLaunch(LaunchCounter):
+    """``cuda_ops.LaunchCounter`` that also keeps each kernel's last arguments."""
 
     def __init__(self, launch):
-        self.launch, self.counts, self.last_args = launch, {}, {}
+        super().__init__(launch)
+        self.last_args = {}
 
     def __call__(self, name, grid, block, args):
-        self.counts[name] = self.counts.get(name, 0) + 1
         self.last_args[name] = args
-        self.launch(name, grid, block, args)
+        super().__call__(name, grid, block, args)
 
 
 def fused_runner(model, num_blocks, block_size, max_len, launch):

@@ -11,8 +11,9 @@ Dtypes x head dims x GQA ratios, random block tables, context lengths across man
 decode splits; fp16 max |err| <= 2e-3. Also: KV write (strided input, slot -1), the fused
 RMSNorm / add+RMSNorm / SiLU x up / q-k-norm + M-RoPE + KV-write kernels against their torch
 bodies (the CPU path), the backend against the torch paged backend, kernels captured in a
-CUDA graph reading new metadata at replay, and bitwise determinism. Skips without CUDA or
-CuPy.
+CUDA graph reading new metadata at replay, and bitwise determinism; every fused op through a
+launch counter (an op that ran its torch body instead would compare torch with torch). Skips
+without CUDA or CuPy.
 """
 
 import random
@@ -28,7 +29,7 @@ skip_without_cuda_kernels()
 from orin_llm_node import kernel_sources as ks  # noqa: E402
 from orin_llm_node.attention.cuda_backend import CudaPagedAttention  # noqa: E402
 from orin_llm_node.attention.torch_backend import TorchPagedAttention  # noqa: E402
-from orin_llm_node.cuda_ops import FusedOps  # noqa: E402
+from orin_llm_node.cuda_ops import FusedOps, LaunchCounter, kernel_launcher  # noqa: E402
 from orin_llm_node.layers import RMSNorm  # noqa: E402
 from orin_llm_node.layers.activation import silu_and_mul  # noqa: E402
 from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm  # noqa: E402
@@ -113,8 +114,10 @@ def test_context_longer_than_the_split_grid():
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("rows,cols", [(1, 2048), (1, 4096), (7, 2560), (300, 128)])
 def test_fused_norms_and_silu_match_torch(dtype, rows, cols):
+    """Each op launches its kernel (DEV is ``cuda``, tensors report ``cuda:0``) and matches."""
     torch_dtype = DTYPES[dtype]
-    ops = FusedOps(torch_dtype, 128, DEV)
+    launch = LaunchCounter(kernel_launcher(torch_dtype, 128, DEV))
+    ops = FusedOps(torch_dtype, 128, DEV, launch=launch)
     gen = torch.Generator(device=DEV).manual_seed(cols)
     x = (3 * torch.randn(rows, cols, generator=gen, device=DEV)).to(torch_dtype)
     res = torch.randn(rows, cols, generator=gen, device=DEV).to(torch_dtype)
@@ -130,6 +133,7 @@ def test_fused_norms_and_silu_match_torch(dtype, rows, cols):
     assert torch.equal(got_res, want_res) and close(got, want)
     gu = torch.randn(rows, 2 * cols, generator=gen, device=DEV).to(torch_dtype)
     assert close(ops.silu_and_mul(gu), silu_and_mul(gu))
+    assert launch.counts == {"rms_norm": 1, "add_rms_norm": 1, "silu_and_mul": 1}
 
 
 @torch.no_grad()

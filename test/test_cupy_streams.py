@@ -6,7 +6,8 @@
 stream protocol replace it); CuPy 13, JetPack 6's cupy-cuda12x with NumPy 1.x, has only
 ``ExternalStream``. DeprecationWarnings are errors here. cupy-cuda12x imports without a GPU
 (requirements/cpu-test.txt installs it in the CPU venv), so the stream wrapping runs on the
-CPU; the launches need a GPU (two for the ``cuda:1`` case).
+CPU; the launches need a GPU (two for the ``cuda:1`` cases: a launch in device 1's context, and
+one captured on device 1's stream).
 """
 
 import warnings
@@ -66,3 +67,25 @@ def test_cuda_1_launches_in_its_own_context_while_device_0_is_current():
     torch.cuda.set_device(0)
     _launch_silu(torch.device("cuda", 1))
     assert torch.cuda.current_device() == 0  # the launcher restored the thread's device
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_a_launch_on_cuda_1_is_captured_on_device_1_while_device_0_is_current():
+    """The engine's capture (GraphCapture) records a cuda:1 kernel, whatever device is current."""
+    from orin_llm_node.engine.cuda_graph import GraphCapture, replay_writes
+
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 1)
+    _launch_silu(dev)  # build and load outside the capture
+    x = torch.randn(2, 256, device=dev)
+    out = torch.empty(2, 128, device=dev)
+    launch = cuda_ops.kernel_launcher(torch.float32, 32, dev)
+    graph, _ = GraphCapture(dev).capture(lambda: launch(
+        "silu_and_mul", (2, 1), (128,),
+        (out.data_ptr(), x.data_ptr(), np.int32(128), np.int64(256), np.int64(128))))
+    x.copy_(torch.randn(2, 256, device=dev))
+    replay_writes(graph, (out,), "silu_and_mul on cuda:1")  # raises if the graph is empty
+    torch.cuda.synchronize(dev)
+    torch.testing.assert_close(out, torch.nn.functional.silu(x[:, :128]) * x[:, 128:])
+    assert torch.cuda.current_device() == 0

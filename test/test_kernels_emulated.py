@@ -11,10 +11,10 @@ decomposition, the launch code and the model runner's fused decode step across b
 boundaries without a GPU. The GPU itself is covered by test_cuda_kernels.py.
 """
 
-import contextlib
 import random
 
 from _kernel_testing import ATOL, DTYPES
+from cpu_graphs import CpuGraphCapture
 import kernel_emulator
 from kernel_emulator import CountingLaunch
 import numpy as np
@@ -345,8 +345,8 @@ class _RandomGrammar:
         assert token in self.allowed_ids
 
 
-def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt, monkeypatch):
-    """CudaGraphDecode on the CPU with a stand-in for torch.cuda.graph.
+def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt):
+    """CudaGraphDecode on the CPU with a stand-in for its capture (test/cpu_graphs.py).
 
     The stand-in replays by recomputing into the tensors the capture returned, so this checks
     the bookkeeping, not CUDA: the pointers a graph bakes in stay the same over a whole
@@ -377,41 +377,7 @@ def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt, monkeypatch):
 
     runner.attn = kernels_backend()
     runner.decode_graph = CudaGraphDecode(runner)
-
-    class FakeGraph:
-        def __init__(self):
-            self.calls = []  # (body, args, outputs) recorded during the capture
-
-        def replay(self):
-            for fn, args, out in self.calls:
-                res = fn(*args)
-                outs, news = (out, res) if isinstance(out, tuple) else ((out,), (res,))
-                for dst, src in zip(outs, news, strict=True):
-                    dst.copy_(src)
-
-    @contextlib.contextmanager
-    def fake_capture(graph, pool=None, capture_error_mode=None):
-        assert capture_error_mode == "thread_local"
-
-        def recording(fn):
-            def call(*args):
-                out = fn(*args)
-                graph.calls.append((fn, args, out))
-                return out
-            return call
-
-        bodies = ("_decode_forward", "_decode_pick")
-        for name in bodies:
-            setattr(runner, name, recording(getattr(runner, name)))
-        try:
-            yield
-        finally:
-            for name in bodies:
-                delattr(runner, name)
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", fake_capture)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    runner.decode_graph.capturer = CpuGraphCapture()
 
     rng = random.Random(1)
 

@@ -12,10 +12,10 @@ has (small M takes another kernel, and threads split M), so padded and unpadded 
 fp32 rounding, not bit for bit; greedy tokens and every KV slot outside the real ones are exact.
 """
 
-import contextlib
 import random
 
 from _engine_reference import Reference
+from cpu_graphs import CpuGraphCapture
 import numpy as np
 import pytest
 import torch
@@ -105,8 +105,8 @@ def test_engine_follow_ups_through_buckets_match_transformers(tiny_ckpt):
     assert all(n <= bucket for n, bucket in sizes), sizes
 
 
-def test_prefill_graph_bookkeeping_with_emulated_kernels(model, monkeypatch):
-    """PrefillGraphs with the emulated CUDA kernels and a stand-in for torch.cuda.graph.
+def test_prefill_graph_bookkeeping_with_emulated_kernels(model):
+    """PrefillGraphs with the emulated CUDA kernels and a stand-in for its capture.
 
     One capture per bucket at load; later prompts of new lengths and prefixes only rewrite
     buffer contents (no re-capture) and track the torch backend; a new backend re-captures.
@@ -129,31 +129,7 @@ def test_prefill_graph_bookkeeping_with_emulated_kernels(model, monkeypatch):
     runner.attn = kernels()
     graphs = runner.prefill_graphs = PrefillGraphs(runner, (16, 32))
     graphs.use_graphs = True
-    forward = graphs._forward
-
-    class FakeGraph:
-        size = out = None
-
-        def replay(self):
-            self.out.copy_(forward(self.size))
-
-    @contextlib.contextmanager
-    def fake_capture(graph, pool=None, capture_error_mode=None):
-        assert capture_error_mode == "thread_local"
-
-        def recording(size):
-            graph.size, graph.out = size, forward(size)
-            return graph.out
-
-        graphs._forward = recording
-        try:
-            yield
-        finally:
-            graphs._forward = forward
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", fake_capture)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    graphs.capturer = CpuGraphCapture()
     runner.capture_prefill_graphs()
     assert graphs.captures == 2
     rng = random.Random(5)

@@ -6,7 +6,8 @@ Full-size shapes (2B / 8B projections), every format and activation dtype, again
 product of the torch path's dequantised weight; the prefill path against the torch path bit
 for bit; a GEMV captured in a CUDA graph replaying on new input; and quantized decode of the
 tiny model through the engine with graphs equal to eager decode, token for token (both at the
-same prefill row counts: _kernel_testing.eager_like).
+same prefill row counts: _kernel_testing.eager_like). The layers reach the kernels through the
+dispatch with every launch counted: a layer that ran its torch path instead fails.
 """
 
 import contextlib
@@ -18,7 +19,12 @@ import torch
 pytestmark = pytest.mark.gpu
 skip_without_cuda_kernels()
 
-from orin_llm_node.cuda_ops import GEMV_MAX_ROWS, FusedOps  # noqa: E402
+from orin_llm_node.cuda_ops import (  # noqa: E402
+    GEMV_MAX_ROWS,
+    FusedOps,
+    LaunchCounter,
+    kernel_launcher,
+)
 from orin_llm_node.layers import dispatch  # noqa: E402
 from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear  # noqa: E402
 
@@ -38,13 +44,19 @@ def _no_tf32():
 
 
 @pytest.fixture(autouse=True)
-def _kernels_installed():
-    """The layers dispatch to the CuPy kernels as they do once a CUDA model runner exists."""
-    device = torch.device("cuda", torch.cuda.current_device())  # what tensors report
+def launches():
+    """The layers dispatch to the CuPy kernels as a CUDA model runner installs them.
+
+    Installed for ``cuda`` (the current device, as tensors report it), each dtype's kernels
+    through a launch counter: ``{dtype name: LaunchCounter}``.
+    """
+    counters = {}
     with contextlib.ExitStack() as stack:
-        for dtype in DTYPES.values():
-            stack.enter_context(dispatch.installed(device, dtype, FusedOps(dtype, 128, device)))
-        yield
+        for name, dtype in DTYPES.items():
+            counters[name] = LaunchCounter(kernel_launcher(dtype, 128, DEV))
+            ops = FusedOps(dtype, 128, DEV, launch=counters[name])
+            stack.enter_context(dispatch.installed(DEV, dtype, ops))
+        yield counters
 
 
 def _layer(fmt, k, n):
@@ -58,11 +70,14 @@ def _layer(fmt, k, n):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("k,n", SHAPES)
 @pytest.mark.parametrize("fmt", list(LAYERS))
-def test_gemv_and_prefill(fmt, k, n, dtype):
+def test_gemv_and_prefill(fmt, k, n, dtype, launches):
     layer, gen = _layer(fmt, k, n)
     for rows in (1, GEMV_MAX_ROWS, 37):
         x = torch.randn(rows, k, device=DEV, generator=gen).to(DTYPES[dtype])
+        kernel = f"quant_{'gemv' if rows <= GEMV_MAX_ROWS else 'dequant'}_{layer.format}"
+        before = launches[dtype].counts.get(kernel, 0)
         got = layer(x)
+        assert launches[dtype].counts.get(kernel, 0) == before + 1, launches[dtype].counts
         if rows <= GEMV_MAX_ROWS:
             want = x.double() @ layer.dequantize(torch.float64).t()
             err = (got.double() - want).abs().max().item()
@@ -72,10 +87,11 @@ def test_gemv_and_prefill(fmt, k, n, dtype):
 
 
 @pytest.mark.parametrize("fmt", list(LAYERS))
-def test_gemv_replays_in_a_cuda_graph(fmt):
+def test_gemv_replays_in_a_cuda_graph(fmt, launches):
     layer, gen = _layer(fmt, 2048, 2048)
     x = torch.randn(1, 2048, device=DEV, generator=gen, dtype=torch.bfloat16)
     layer(x)  # compile and load outside the capture
+    assert launches["bfloat16"].total == 1
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

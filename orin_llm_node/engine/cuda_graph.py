@@ -20,13 +20,18 @@ decode (the engine's worker thread), with ``capture_error_mode="thread_local"`` 
 calls from other threads cannot invalidate it, right after one eager run of the same step:
 the step is idempotent (it rewrites the same K/V slot with the same values), and the eager
 run initialises this thread's cuBLAS/CuPy state outside the capture.
+
+Every capture goes through :class:`GraphCapture`, on a stream of the model's own device with
+that device current, and is replayed once right away by :func:`replay_writes`: a graph whose
+replay leaves its output unwritten (an empty graph) raises there, instead of decode repeating
+one token and never writing new K/V.
 """
 
 import logging
 
 import torch
 
-__all__ = ["CudaGraphDecode", "capture_graph", "pointer_key"]
+__all__ = ["CudaGraphDecode", "GraphCapture", "pointer_key", "replay_writes"]
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +46,53 @@ def pointer_key(runner, *buffers: torch.Tensor) -> tuple:
             *runner.attn.graph_key())
 
 
-def capture_graph(fn, pool):
-    """Capture ``fn()`` into a new graph in memory pool ``pool``; ``(graph, fn's outputs)``.
+class GraphCapture:
+    """Captures CUDA graphs of one device into one private memory pool.
 
-    ``thread_local``: CUDA calls from other threads cannot invalidate the capture.
+    Each capture runs on this device's own capture stream with the device current.
+    ``torch.cuda.graph`` otherwise captures on one stream per process, created on whichever
+    device was current at the first capture -- device 0 for a thread that never chose one --
+    and ops on ``cuda:1`` tensors issued while a device-0 stream captures run eagerly on
+    device 1 and record nothing: an empty graph (torch only warns), whose replays do nothing.
+    ``thread_local``: CUDA calls from other threads cannot invalidate a capture.
     """
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        out = fn()
-    return graph, out
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._stream = self._pool = None
+
+    def capture(self, fn):
+        """Capture ``fn()`` into a new graph; ``(graph, fn's outputs)``."""
+        with torch.cuda.device(self.device):
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self.device)
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
+                                  capture_error_mode="thread_local"):
+                out = fn()
+        return graph, out
+
+
+def _unwritten(t: torch.Tensor) -> torch.Tensor:
+    return t.isnan() if t.is_floating_point() else t == -1
+
+
+def replay_writes(graph, outputs, what: str) -> None:
+    """Replay ``graph`` once over poisoned ``outputs``; raise unless it wrote every one.
+
+    The outputs are filled with a value no step produces (NaN; -1 for token ids) first: a
+    capture that recorded nothing leaves the values its eager run during the capture wrote,
+    so only a poisoned replay tells an empty graph from a working one.
+    """
+    for t in outputs:
+        t.fill_(float("nan") if t.is_floating_point() else -1)
+    graph.replay()
+    if any(bool(_unwritten(t).all()) for t in outputs):
+        raise RuntimeError(
+            f"{what}: the captured CUDA graph wrote nothing when replayed (an empty capture: "
+            "the work ran on another device or stream, or produced only NaN); set "
+            "enable_cuda_graph false and report it")
 
 
 class CudaGraphDecode:
@@ -70,8 +113,8 @@ class CudaGraphDecode:
         self.forward = self.pick = None
         self.logits = self.masked = self.token = None
         self.captures = 0  # how many times the graphs were captured (tests check re-capture)
+        self.capturer = GraphCapture(runner.device)  # tests on the CPU put a stand-in here
         self._key = None
-        self._pool = None
 
     def _pointers(self) -> tuple:
         r = self.runner
@@ -114,13 +157,12 @@ class CudaGraphDecode:
         self.forward = self.pick = self.logits = self.masked = self.token = None
         eager = r._decode_forward()  # warm-up on this thread, not captured
         r._decode_pick(eager)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
         # The bodies are looked up inside the capture, as prefill_graph does with its lambda.
-        forward, logits = capture_graph(lambda: self.runner._decode_forward(), self._pool)
-        pick, (masked, token) = capture_graph(lambda: self.runner._decode_pick(logits),
-                                              self._pool)
-        forward.replay()
+        capture = self.capturer.capture
+        forward, logits = capture(lambda: self.runner._decode_forward())
+        pick, (masked, token) = capture(lambda: self.runner._decode_pick(logits))
+        replay_writes(forward, (logits,), f"decode graph on {r.device}")
+        replay_writes(pick, (masked, token), f"decode token-pick graph on {r.device}")
         if not torch.equal(logits, eager):
             log.warning(
                 "decode graph: replay differs from the eager step by %.3g (max |diff|)",

@@ -114,7 +114,9 @@ class ModelRunner:
                  prefill_buckets: tuple[int, ...] | None = None, attention_backend: str = "auto"):
         tc = model.config.text
         self.model = model
-        self.device, self.dtype = device, dtype
+        # cuda:<index>, never a bare "cuda": graphs are captured on this device's own stream
+        # (cuda_graph.GraphCapture), whichever device the calling thread has current.
+        self.device, self.dtype = dispatch.tensor_device(device), dtype
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv_cache = torch.zeros(

@@ -26,9 +26,9 @@ import logging
 import numpy as np
 import torch
 
-from .cuda_graph import capture_graph, pointer_key
+from .cuda_graph import GraphCapture, pointer_key, replay_writes
 
-__all__ = ["DEFAULT_BUCKETS", "PrefillGraphs"]
+__all__ = ["DEFAULT_BUCKETS", "PrefillGraphs", "pad_like_graphs"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class PrefillGraphs:
         self.use_graphs = runner.cuda_graph_active
         self.graphs: dict[int, tuple] = {}  # bucket -> (graph, logits, pointer key)
         self.captures = 0
-        self._pool = None
+        self.capturer = GraphCapture(dev)  # tests on the CPU put a stand-in here
 
     def bucket(self, num_tokens: int) -> int | None:
         """Smallest bucket holding ``num_tokens`` new tokens, None when none does."""
@@ -121,10 +121,22 @@ class PrefillGraphs:
         # first (cuBLAS/CuPy state, and the result of this call), then the capture; the step
         # is idempotent (it rewrites the same KV slots with the same values).
         eager = self._forward(size)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph, logits = capture_graph(lambda: self._forward(size), self._pool)
+        graph, logits = self.capturer.capture(lambda: self._forward(size))
+        replay_writes(graph, (logits,), f"prefill graph of {size} tokens on {self.runner.device}")
         self.graphs[size] = (graph, logits, pointer_key(self.runner))
         self.captures += 1
         log.debug("prefill graph captured for %d tokens", size)
         return eager
+
+
+def pad_like_graphs(runner, buckets=DEFAULT_BUCKETS) -> None:
+    """Make an eager ``runner`` pad short text prefills to ``buckets``, as a graph runner does.
+
+    The eager side of a graph == eager comparison (``orin_llm_check``, the GPU tests): cuBLAS
+    promises identical rows only for identical shapes, so an unpadded eager prefill may differ
+    from a padded graph one in the last bits and flip a later token; at equal row counts both
+    run the same kernels and must agree token for token.
+    """
+    if runner.cuda_graph_active:
+        raise ValueError("pad_like_graphs is for an eager runner; this one replays graphs")
+    runner.prefill_graphs = PrefillGraphs(runner, buckets)

@@ -14,16 +14,28 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["install", "installed", "kernels_for", "uninstall"]
+__all__ = ["install", "installed", "kernels_for", "tensor_device", "uninstall"]
 
 _installed: dict[tuple[torch.device, torch.dtype], object] = {}
 
 
-def _key(device: torch.device | str, dtype: torch.dtype) -> tuple[torch.device, torch.dtype]:
+def tensor_device(device: torch.device | str) -> torch.device:
+    """``device`` as the tensors on it report it: what ``tensor.device`` is compared with.
+
+    ``torch.device("cuda")`` never equals a tensor's device (``cuda:0``): without an index it
+    names the thread's current CUDA device, which is resolved here. A CPU tensor reports
+    ``cpu`` without an index, so ``cpu:0`` drops it.
+    """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device, dtype
+        return torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cpu" and device.index is not None:
+        return torch.device("cpu")
+    return device
+
+
+def _key(device: torch.device | str, dtype: torch.dtype) -> tuple[torch.device, torch.dtype]:
+    return tensor_device(device), dtype
 
 
 def install(device: torch.device | str, dtype: torch.dtype, kernels) -> None:
