@@ -18,8 +18,7 @@ rclpy = pytest.importorskip('rclpy')
 
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState  # noqa: E402
-from test_node import (EVENT_TIMEOUT, START_TIMEOUT, Probe, node_command, ros_env,  # noqa: E402
-                       stop)
+from test_node import EVENT_TIMEOUT, START_TIMEOUT, Probe, node_command, ros_env, stop  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
