@@ -25,8 +25,8 @@ from std_msgs.msg import String  # noqa: E402
 from test_node import RELIABLE, START_TIMEOUT, SYSTEM, Probe, memory_mb, ros_env, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from orin_llm_node.ros.blind_camera import BLIND_AFTER_S  # noqa: E402
 from orin_llm_node.ros.frame_ring import FrameSizer, resize_for_model  # noqa: E402
-from orin_llm_node.ros.intake import BLIND_AFTER_S  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -181,6 +181,7 @@ def test_a_camera_that_stops_publishing_is_reported_and_left_out(cams, reference
     cams.stream(BLIND_AFTER_S + 2.5, 5.0, names=('front',), frames={'front': front})
     blind = [e for e in probe.errors[n_err:] if e.startswith('blind:')]
     assert len(blind) == 1 and f'{NS}/wrist' in blind[0] and f'{NS}/front' not in blind[0], blind
+    assert blind[0].startswith(f'blind: frames stopped arriving on {NS}/wrist '), blind
     probe.spin_until(lambda: probe.generation()[2].get('camera') == 'blind', 5.0,
                      'camera blind in /diagnostics')
     cams.stream(0.5, 5.0, names=('front',), frames={'front': front})
