@@ -20,13 +20,13 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
-from sensor_msgs.msg import Image  # noqa: E402
+from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 from test_node import RELIABLE, START_TIMEOUT, SYSTEM, Probe, memory_mb, ros_env, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from orin_llm_node.ros.blind_camera import BLIND_AFTER_S  # noqa: E402
 from orin_llm_node.ros.frame_ring import FrameSizer, resize_for_model  # noqa: E402
-from orin_llm_node.ros.intake import BLIND_AFTER_S  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -181,6 +181,7 @@ def test_a_camera_that_stops_publishing_is_reported_and_left_out(cams, reference
     cams.stream(BLIND_AFTER_S + 2.5, 5.0, names=('front',), frames={'front': front})
     blind = [e for e in probe.errors[n_err:] if e.startswith('blind:')]
     assert len(blind) == 1 and f'{NS}/wrist' in blind[0] and f'{NS}/front' not in blind[0], blind
+    assert blind[0].startswith(f'blind: frames stopped arriving on {NS}/wrist '), blind
     probe.spin_until(lambda: probe.generation()[2].get('camera') == 'blind', 5.0,
                      'camera blind in /diagnostics')
     cams.stream(0.5, 5.0, names=('front',), frames={'front': front})
@@ -314,7 +315,7 @@ def test_a_clip_with_zero_frames_is_refused(cams):
 def test_chat_client_video_frames_are_found_and_stamped(tmp_path):
     from sensor_msgs.msg import CompressedImage
 
-    from orin_llm_node.ros.chat_client import _video_verdict, stamp_clip, video_files
+    from orin_llm_node.ros.chat_video import stamp_clip, video_files, video_verdict
     for name in ('b.png', 'a.jpg', 'notes.txt', 'c.bmp'):
         path = tmp_path / name
         if name.endswith('.txt'):
@@ -333,9 +334,67 @@ def test_chat_client_video_frames_are_found_and_stamped(tmp_path):
         (9, 0), (9, 500_000_000), (10, 0)]
     assert {m.header.frame_id for m in msgs} == {'clip'}
     used = {'cameras': [{'name': 'image', 'video': {'frames': 3}, 'missing': None}]}
-    assert _video_verdict(used, 'clip') is None
+    assert video_verdict(used, 'clip') is None
     none = {'cameras': [{'name': 'image', 'video': None, 'missing': 'no frame kept yet'}]}
-    assert 'no frame kept yet' in _video_verdict(none, 'clip')
+    assert 'no frame kept yet' in video_verdict(none, 'clip')
+
+
+def test_chat_client_plans_a_clip_with_the_nodes_video_settings():
+    from orin_llm_node.ros.chat_video import clip_refusal, clip_seconds, clip_start_ns
+    settings = {'video_fps': VIDEO_FPS, 'video_buffer_s': BUFFER_S}
+    for fps in (1.0, 2.0, 7.5, 30.0):
+        # The most frames whose video_s the node takes (it refuses video_s > video_buffer_s).
+        most = max(n for n in range(1, 200) if clip_seconds(n, fps) <= BUFFER_S)
+        assert clip_refusal(most, fps, settings) is None
+        said = clip_refusal(most + 1, fps, settings)
+        assert f'send at most {most} frames at --fps {fps:g}' in said, said
+        assert f'keeps {BUFFER_S:g} s per camera (its video_buffer_s)' in said, said
+    assert 'keeps no video' in clip_refusal(2, 2.0, dict(settings, video_buffer_s=0.0))
+    # The clip starts after the opening frame by two of its periods and one of the node's.
+    assert clip_start_ns(0, 0, 30.0) == 2 * round(1e9 / 30)
+    assert clip_start_ns(0, 0, 30.0, VIDEO_FPS) == round(1e9 / VIDEO_FPS)
+    assert clip_start_ns(0, 5 * 10**9, 30.0, VIDEO_FPS) == 5 * 10**9
+
+
+def chat_video(frames_dir, fps):
+    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client', '-n', NS, '--timeout', '120',
+           '--video', str(frames_dir), '--fps', f'{fps:g}', '--image-topic',
+           f'{NS}/front/compressed', 'What moved?']
+    return subprocess.run(cmd, env=ros_env(), capture_output=True, text=True, timeout=240)
+
+
+def test_chat_client_refuses_a_clip_the_node_cannot_keep_before_sending_it(cams, tmp_path):
+    probe, fps = cams.probe, 2.0
+    frames = tmp_path / 'long'
+    frames.mkdir()
+    count = max(n for n in range(1, 200) if (n - 1) / fps <= BUFFER_S) + 1
+    for i in range(count):                      # spans more than the node's video_buffer_s
+        assert cv2.imwrite(str(frames / f'{i:03d}.png'), scene(60 + i))
+    seen = []
+    probe.node.create_subscription(CompressedImage, f'{NS}/front/compressed',
+                                   lambda msg: seen.append(msg.header.frame_id), RELIABLE)
+    n_info = len(probe.infos)
+    out = chat_video(frames, fps)
+    probe.spin_for(1.0)
+    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
+    said = [ln for ln in out.stderr.splitlines() if ln.startswith('orin_llm_chat:')]
+    assert len(said) == 1 and 'video_buffer_s' in said[0], out.stderr[-3000:]
+    assert f'{count} frames at --fps 2 span {(count - 1) / fps:.1f} s' in said[0], said
+    assert 'Traceback' not in out.stderr
+    assert seen == [] and len(probe.infos) == n_info, 'nothing is sent'
+
+
+def test_chat_client_clip_faster_than_video_fps_keeps_its_first_frame(cams, tmp_path):
+    # At 8 fps the node keeps one frame per 1 / video_fps = 0.5 s: this clip's first and last
+    # frames, if the ring's grid starts at the clip and not at the frame that opened the path.
+    fps = 4 * VIDEO_FPS
+    frames = tmp_path / 'fast'
+    frames.mkdir()
+    for i in range(5):
+        assert cv2.imwrite(str(frames / f'{i:03d}.png'), scene(70 + i))
+    out = chat_video(frames, fps)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert 'clip span 0.5 s' in out.stderr, out.stderr[-2000:]
 
 
 def test_chat_client_sends_a_clip_and_asks_for_its_seconds(cams, tmp_path):

@@ -20,7 +20,9 @@ reason on stderr.  Whether the node used the image is judged from that ``respons
 say the topic is probably remapped.  ``--video`` sends a clip instead: the directory's image
 files in name order (or comma-separated files) as CompressedImages sent at ``fps``, stamped
 ``1 / fps`` apart, then the prompt on ``prompt/json`` asking for the seconds they span
-(``video_s``).  Ctrl-C cancels the answer on the node.  Exit status: 0 answered (with the
+(``video_s``); the node's ``video_buffer_s`` and ``video_fps`` are read first (its parameter
+service), and a clip longer than the node keeps is refused with one line before anything is
+sent.  Ctrl-C cancels the answer on the node.  Exit status: 0 answered (with the
 image, when one was given), 1 error (one line: an unreadable image file, no node, timeout,
 refusal, or an answer produced without the image), 2 bad arguments.
 
@@ -48,6 +50,8 @@ from rclpy.utilities import remove_ros_args
 from sensor_msgs.msg import CompressedImage
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
+
+from orin_llm_node.ros import chat_video
 
 _RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
                        reliability=ReliabilityPolicy.RELIABLE)
@@ -256,41 +260,6 @@ def image_message(path):
     return msg
 
 
-VIDEO_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp', '.ppm', '.pgm')
-
-
-def video_files(spec):
-    """The frame files of ``--video``: a directory's images in name order, or "a,b,c" files."""
-    path = Path(spec)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
-        if not files:
-            raise ValueError(f'{spec}: no image files ({", ".join(VIDEO_SUFFIXES)})')
-        return files
-    return [Path(p) for p in spec.split(',') if p]
-
-
-def stamp_clip(msgs, fps, end_ns, frame_id):
-    """Stamp ``msgs`` ``1 / fps`` apart, the last at ``end_ns``; all with ``frame_id``."""
-    from builtin_interfaces.msg import Time
-    period = round(1e9 / fps)
-    for k, msg in enumerate(msgs):
-        t = end_ns - (len(msgs) - 1 - k) * period
-        msg.header.stamp = Time(sec=t // 1_000_000_000, nanosec=t % 1_000_000_000)
-        msg.header.frame_id = frame_id
-    return msgs
-
-
-def _video_verdict(info, frame_id):
-    """None when ``info`` says the answer used our clip, else why it did without it."""
-    cameras = info.get('cameras') or []
-    if any(c.get('video') and c['video'].get('frames') for c in cameras):
-        return None
-    reasons = '; '.join(f"{c.get('name')}: {c.get('missing')}" for c in cameras
-                        if c.get('missing'))
-    return reasons or f'the node paired no clip ({frame_id}) with the prompt'
-
-
 def _image_verdict(info, msg):
     """None when ``info`` says our image was paired, else why the answer did without it."""
     image = info.get('image')
@@ -337,7 +306,7 @@ def main(args=None):
         if opts.image:
             image = image_message(opts.image)
         if opts.video:
-            clip = [image_message(path) for path in video_files(opts.video)]
+            clip = [image_message(path) for path in chat_video.video_files(opts.video)]
     except (OSError, ValueError) as exc:
         print(f'orin_llm_chat: {exc}', file=sys.stderr)
         return 1
@@ -364,19 +333,28 @@ def _converse_video(client, opts, clip):
         print(f'orin_llm_chat: no ready node under {opts.namespace} after {opts.timeout:g} s'
               ' (is it running? same ROS_DOMAIN_ID?)', file=sys.stderr)
         return 1
+    settings, why = chat_video.node_video_settings(client, min(opts.timeout, 10.0))
+    if settings is None:
+        print(f"orin_llm_chat: cannot read the node's video settings ({why}): the clip is "
+              'sent unchecked', file=sys.stderr)
+    refusal = settings and chat_video.clip_refusal(len(clip), opts.fps, settings)
+    if refusal:
+        print(f'orin_llm_chat: {refusal}', file=sys.stderr)
+        return 1
     frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
     topic = opts.image_topic or client.topic('image/compressed')
     period_ns = round(1e9 / opts.fps)
     # First the path: a reader can match our writer a DDS heartbeat (3 s) after our writer
     # matched it, and frames sent before that arrive late and stale (seen under load: a clip
-    # of zero fresh frames).  One frame, stamped a period before the clip so that the clip's
-    # window leaves it out, is sent until the node acknowledges it.
+    # of zero fresh frames).  One frame, stamped early enough that the clip's window leaves it
+    # out and the node's ring keeps the clip's first frame, is sent until it is acknowledged.
     warm_ns = client.get_clock().now().nanoseconds
-    if not _image_taken(client, stamp_clip([clip[0]], opts.fps, warm_ns, f'{frame_id}_path')[0],
-                        topic):
+    opener = chat_video.stamp_clip([clip[0]], opts.fps, warm_ns, f'{frame_id}_path')[0]
+    if not _image_taken(client, opener, topic):
         return 1
-    first_ns = max(client.get_clock().now().nanoseconds, warm_ns + 2 * period_ns)
-    stamp_clip(clip, opts.fps, first_ns + (len(clip) - 1) * period_ns, frame_id)
+    first_ns = chat_video.clip_start_ns(warm_ns, client.get_clock().now().nanoseconds, opts.fps,
+                                        settings and settings['video_fps'])
+    chat_video.stamp_clip(clip, opts.fps, first_ns + (len(clip) - 1) * period_ns, frame_id)
     # Stamped from then on, 1/fps apart: the last stamps lie ahead of the node's clock by up
     # to the clip's length, so the clip is sent at its own pace (a stamp from the future is
     # refused), then asked for with the seconds it spans.
@@ -396,8 +374,8 @@ def _converse_video(client, opts, clip):
     pub.wait_for_all_acked(Duration(seconds=1.0))
     client.spin_until(lambda: False, 0.2)
     # The node's "last video_s seconds" end at its newest kept frame: our last one.
-    seconds = (len(clip) - 0.5) / opts.fps
-    envelope = {'prompt': ' '.join(opts.prompt), 'video_s': round(seconds, 3)}
+    envelope = {'prompt': ' '.join(opts.prompt),
+                'video_s': chat_video.clip_seconds(len(clip), opts.fps)}
     if opts.response_format is not None:
         envelope['response_format'] = opts.response_format
     info = client.ask_envelope(envelope, opts.timeout)
@@ -408,7 +386,7 @@ def _converse_video(client, opts, clip):
     print(f"[request {info['request_id']}: finish_reason={info['finish_reason']}, "
           f"{info.get('generated_tokens')} tokens, ttft {info.get('ttft_ms')} ms, clip "
           f"span {video.get('span_s')} s]", file=sys.stderr)
-    return _used_or_said(_video_verdict(info, frame_id), 'clip')
+    return _used_or_said(chat_video.video_verdict(info, frame_id), 'clip')
 
 
 def _converse(client, opts, image):

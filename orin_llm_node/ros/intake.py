@@ -3,7 +3,7 @@
 """Camera images in: subscriptions, checks on arrival, newest frames, synchronised sets, video.
 
 Per camera (parameter ``image_topics``): its subscriptions, the newest frame, its video ring
-(frame_ring.py) and blindness; across cameras, the newest approximate-time set
+(frame_ring.py) and blindness (blind_camera.py); across cameras, the newest approximate-time set
 (camera_sync.py).
 
 Runs on the executor (callbacks and a 1 s timer); prompts take their frames here on the
@@ -12,7 +12,6 @@ with :meth:`ImageIntake.forget`, under the intake's lock.
 """
 
 from dataclasses import dataclass, field
-import math
 import threading
 import time
 
@@ -20,8 +19,10 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 
 from orin_llm_node.ros import ros_image
+from orin_llm_node.ros.blind_camera import BlindWatch
 from orin_llm_node.ros.camera_sync import ApproximateSync
 from orin_llm_node.ros.frame_ring import FrameRing, resize_for_model
+from orin_llm_node.ros.parameters import camera_topics
 from orin_llm_node.ros.refusals import clip
 
 try:                                    # Iron and later
@@ -29,8 +30,6 @@ try:                                    # Iron and later
 except ImportError:                     # Humble
     from rclpy.qos_event import SubscriptionEventCallbacks
 
-# A camera publisher matched and no frame for this long: the node says it is blind.
-BLIND_AFTER_S = 5.0
 # Header stamps further ahead of our clock than this are refused (clock skew, bad drivers).
 FUTURE_TOLERANCE_S = 1.0
 # A frame_id is repeated in response/info cut to this length (it is the sender's text).
@@ -100,13 +99,17 @@ class Camera:
     ring: FrameRing
     subscriptions: list = field(default_factory=list)
     newest: PendingImage | None = None
-    last_frame_at: float | None = None      # monotonic time of its last frame
-    publishers_since: float | None = None   # since when a publisher has been matched
-    blind: str = ''                         # why it is blind ('' = not blind)
+    watch: BlindWatch = field(default_factory=BlindWatch)
 
     def topics(self):
         """Its resolved (namespaced, remapped) topic names."""
         return sorted({sub.topic_name for sub in self.subscriptions})
+
+    def topic(self, compressed):
+        """The resolved name of its Image (``compressed``: CompressedImage) topic."""
+        return next((sub.topic_name for sub in self.subscriptions
+                     if (sub.msg_type is CompressedImage) == compressed),
+                    camera_topics(self.name)[compressed])   # while subscribe() is under way
 
 
 class ImageIntake:
@@ -151,9 +154,9 @@ class ImageIntake:
                              reliability=ReliabilityPolicy.RELIABLE if reliable
                              else ReliabilityPolicy.BEST_EFFORT)
             for camera in self.cameras:
-                for topic, msg_type, compressed in ((camera.name, Image, False),
-                                                    (camera.name + '/compressed',
-                                                     CompressedImage, True)):
+                kinds = zip(camera_topics(camera.name), (Image, CompressedImage), (False, True),
+                            strict=True)
+                for topic, msg_type, compressed in kinds:
                     camera.subscriptions.append(self.node.create_subscription(
                         msg_type, topic,
                         lambda msg, c=camera, z=compressed: self._accept(c, msg, z), qos,
@@ -253,7 +256,7 @@ class ImageIntake:
 
     def _accept(self, camera, msg, compressed):
         """Keep ``msg`` as the camera's newest frame if every check on its headers passes."""
-        self._frame_arrived(camera)
+        self._frame_arrived(camera, len(msg.data), camera.topic(compressed))
         stamp, stamped = self._stamp_ns(msg.header)
         topic = camera.name + ('/compressed' if compressed else '')
         try:
@@ -305,45 +308,26 @@ class ImageIntake:
         self.node.info.update(video_buffer_bytes=held, video_buffer_frames=frames,
                               video_buffer_limit_bytes=limit)
 
-    def _frame_arrived(self, camera):
-        camera.last_frame_at = time.monotonic()
-        if camera.blind:
-            camera.blind = ''
+    def _frame_arrived(self, camera, nbytes, topic):
+        if camera.watch.frame(time.monotonic(), nbytes, topic):
             self._report_blindness()
             self.node.get_logger().info(f'camera {camera.name}: frames are arriving again')
 
     def _report_blindness(self):
-        self.node.info.update(camera='; '.join(c.blind for c in self.cameras if c.blind))
+        self.node.info.update(camera='; '.join(c.watch.blind for c in self.cameras
+                                               if c.watch.blind))
 
     def check_camera(self):
-        """Say once per camera (on ``error``, in /diagnostics) when it is matched but blind."""
-        for camera in self.cameras:
-            self._check(camera)
+        """Say once per camera (on ``error``, in /diagnostics) when it is blind, and what was seen.
 
-    def _check(self, camera):
-        topics = camera.topics()
-        publishers = sum(self.node.count_publishers(topic) for topic in topics)
-        now = time.monotonic()
-        if publishers == 0:
-            camera.publishers_since = None
-            return
-        if camera.publishers_since is None:
-            camera.publishers_since = now
-        since = max(camera.publishers_since, camera.last_frame_at or -math.inf)
-        if camera.blind or now - since < BLIND_AFTER_S:
-            return
-        if self.node.dds_profile:
-            fix = ('this node already takes its frames over UDP (its own Fast DDS profile): '
-                   'check that the camera really publishes (ros2 topic hz), that '
-                   'net.core.rmem_max is at least 4194304 (sysctl), or give the camera '
-                   'config/fastdds_large_images.xml')
-        else:
-            fix = ('start the node without FASTDDS_DEFAULT_PROFILES_FILE/'
-                   'FASTRTPS_DEFAULT_PROFILES_FILE so that it applies its own profile, give '
-                   'the camera config/fastdds_large_images.xml, or publish reliable or on '
-                   '<topic>/compressed')
-        camera.blind = (f'blind: {publishers} publisher(s) on {" and ".join(topics)} but no '
-                        f'frame arrived for {now - since:.0f} s; large best-effort frames are '
-                        f'lost by Fast DDS shared memory (> 512 KB). Fix: {fix}')
-        self._report_blindness()
-        self.node.publish_error(camera.blind)
+        blind_camera.py tells a camera that stopped from one whose frames never arrived.
+        """
+        for camera in self.cameras:
+            publishers = [(topic, info.qos_profile.reliability == ReliabilityPolicy.RELIABLE)
+                          for topic in camera.topics()
+                          for info in self.node.get_publishers_info_by_topic(topic)]
+            said = camera.watch.check(time.monotonic(), publishers, self.node.params['image_qos'],
+                                      bool(self.node.dds_profile))
+            if said:
+                self._report_blindness()
+                self.node.publish_error(said)

@@ -6,9 +6,10 @@
 
 ``--managed`` starts a lifecycle node that waits for ``ros2 lifecycle set <node> configure``;
 without it the node configures and activates itself.  Exit status: 0 after a signal or the
-``shutdown`` transition (a second signal changes nothing), 1 when the model cannot be loaded,
-2 for an invalid parameter (one line naming it).  After a signal the process is gone within
-about a second in every state (bench/signal_exit.py measures it).
+``shutdown`` transition (a second signal changes nothing), 1 when the model cannot be loaded
+or the node cannot activate (one FATAL line), 2 for an invalid parameter (one line naming it;
+camera names that are the node's own topics or services included).  After a signal the
+process is gone within about a second in every state (bench/signal_exit.py measures it).
 """
 
 import logging

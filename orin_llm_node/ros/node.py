@@ -112,6 +112,12 @@ class OrinLLMNode(LifecycleNode):
         self.create_timer(1.0, self.intake.check_camera)
         self.pub_ready.publish(Bool(data=False))
         self._log_handler = _RosLogHandler(self.get_logger())
+        parameters.check_camera_topics(self, self.params['image_topics'],
+                                       self._activation_services())
+
+    def _activation_services(self):
+        """The services activation opens: name -> callback."""
+        return {'reset': self._on_reset, 'cancel': self._on_cancel}
 
     def runtime(self, name):
         """The current value of a run-time parameter."""
@@ -309,28 +315,45 @@ class OrinLLMNode(LifecycleNode):
         if not self.worker.call('load'):
             if self.finished.is_set() or self.stop_requested.is_set():
                 return TransitionCallbackReturn.FAILURE
-            text = f'failed to load the model: {self.worker.load_error}'
-            if not self.managed:        # the plain node exits with code 1
-                self.get_logger().fatal(text)
-                self.info.update(state='failed', detail=text)
-                self.exit_code = 1
-                self.diagnostics(force=True)
-                rclpy.try_shutdown(context=self.context)
-                return TransitionCallbackReturn.FAILURE
-            self.get_logger().error(text)
-            self.info.update(state='unconfigured', detail=text)
-            self.publish_error(text)
-            self.diagnostics(force=True)
-            return TransitionCallbackReturn.FAILURE
+            return self._failed(f'failed to load the model: {self.worker.load_error}',
+                                'unconfigured')
         self.info.update(state='inactive', detail='')
         self.diagnostics(force=True)
         return TransitionCallbackReturn.SUCCESS
 
+    def _failed(self, text, state):
+        """A transition failed: the plain node ends (FATAL, exit code 1), a managed one says why.
+
+        ``state``: where a managed node stays (the plain node's state is ``failed``).
+        """
+        if not self.managed:
+            self.get_logger().fatal(text)
+            self.info.update(state='failed', detail=text)
+            self.exit_code = 1
+            self.diagnostics(force=True)
+            rclpy.try_shutdown(context=self.context)
+            return TransitionCallbackReturn.FAILURE
+        self.get_logger().error(text)
+        self.info.update(state=state, detail=text)
+        self.publish_error(text)
+        self.diagnostics(force=True)
+        return TransitionCallbackReturn.FAILURE
+
+    def _close_inputs(self):
+        self.intake.unsubscribe()
+        for srv in self._open_services:
+            self.destroy_service(srv)
+        self._open_services = []
+
     def on_activate(self, state):
         """Open the image subscriptions and the services; ``ready`` turns true."""
-        self.intake.subscribe(self.params['image_qos'], self.worker.frame_processor())
-        self._open_services = [self.create_service(Trigger, 'reset', self._on_reset),
-                               self.create_service(Trigger, 'cancel', self._on_cancel)]
+        try:
+            self.intake.subscribe(self.params['image_qos'], self.worker.frame_processor())
+            for name, callback in self._activation_services().items():
+                self._open_services.append(self.create_service(Trigger, name, callback))
+        except Exception as exc:  # noqa: BLE001 - rclpy's lifecycle would swallow it unsaid
+            self._close_inputs()
+            return self._failed(f'failed to activate: {exc}', 'inactive')
         self.info.update(state='ready', detail='')
         self._publish(self.pub_ready, Bool(data=True))
         self.get_logger().info('ready: publish a prompt on '
@@ -342,10 +365,7 @@ class OrinLLMNode(LifecycleNode):
         """Stop taking prompts: cancel the answer in flight, refuse the queued ones."""
         self.info.update(state='inactive')
         self._publish(self.pub_ready, Bool(data=False))
-        self.intake.unsubscribe()
-        for srv in self._open_services:
-            self.destroy_service(srv)
-        self._open_services = []
+        self._close_inputs()
         for request in self.worker.drain():
             self._refuse(request.request_id, request.text, 'node deactivated',
                          (request.envelope or {}).get('tag'))

@@ -30,6 +30,11 @@ def _model_path_ok(v):
     return 'must be empty (demo checkpoint) or a checkpoint directory containing config.json'
 
 
+def camera_topics(name):
+    """The topics camera ``name`` is read from: ``NAME`` (Image) and ``NAME/compressed``."""
+    return name, f'{name}/compressed'
+
+
 def _topic_names(names):
     if not 1 <= len(names) <= MAX_CAMERAS:
         return f'must name 1 to {MAX_CAMERAS} cameras'
@@ -38,7 +43,43 @@ def _topic_names(names):
         return f'{bad[0]!r} is not a topic name (tokens of letters, digits and _ joined by /)'
     if len(set(names)) != len(names):
         return 'names a camera twice'
+    twins = {camera_topics(n)[1]: n for n in names}
+    clash = next((n for n in names if n in twins), None)
+    if clash is not None:
+        return (f'camera {clash!r} is the CompressedImage topic of camera {twins[clash]!r} '
+                '(each camera NAME is also read on NAME/compressed)')
     return None
+
+
+def check_camera_topics(node, names, services=()):
+    """``ParameterError`` when a camera would read a topic the node owns or another camera reads.
+
+    ``names``: ``image_topics``; each camera's topics are resolved as ``node`` resolves them
+    (namespace, remapping) and compared with every topic and service name of ``node`` (call it
+    once they exist) and ``services`` (opened later, on activation).  An Image subscription on
+    one of the node's own topics cannot even be created (another message type on that topic):
+    activation would fail only after the model was loaded.
+    """
+    topics = [p.topic_name for p in node.publishers] + [s.topic_name for s in node.subscriptions]
+    # Not in rclpy's lists: the lifecycle state machine's publisher and rcl's log topic.
+    topics += [node.resolve_topic_name('~/transition_event'), '/rosout']
+    seen = dict.fromkeys(topics, "this node's own topic")
+    services = [s.srv_name for s in node.services] + list(services)
+    seen.update(dict.fromkeys(map(node.resolve_service_name, services),
+                              "this node's own service"))
+    for camera in names:
+        for topic in camera_topics(camera):
+            try:
+                resolved = node.resolve_topic_name(topic)
+            except RuntimeError as exc:     # rcl's RCLError, e.g. longer than DDS allows
+                raise ParameterError(f"parameter 'image_topics': camera {camera!r} is not a "
+                                     f"usable topic name ({str(exc).split(', at ')[0]})"
+                                     ) from None
+            if resolved in seen:
+                raise ParameterError(f"parameter 'image_topics': camera {camera!r} would read "
+                                     f'{resolved}, {seen[resolved]}; choose another name (or '
+                                     'remap it)')
+            seen[resolved] = f'which camera {camera!r} reads too'
 
 
 def _choice(*options):
