@@ -21,7 +21,9 @@
 //   SPLIT_MIN_TOKENS  fewest tokens worth a decode split of their own
 //   MAX_GROUP       query heads (of one KV head) handled by one decode CTA
 //   NUM_THREADS     threads per CTA of the kv_write / decode / prefill / per-head kernels
-//   PREFILL_ROWS_PER_WARP  query rows each warp of a paged_prefill CTA scores (prefill only)
+//   PREFILL_ROWS_PER_WARP  query rows each warp of an fp32 paged_prefill CTA scores
+//   PREFILL_TC_ROWS, PREFILL_TC_KV_TILE  query rows per CTA, keys per shared-memory tile of the
+//                   fp16/bf16 (tensor-core) paged_prefill
 #pragma once
 
 #if !defined(KV_DTYPE_ID) || !defined(HEAD_DIM) || !defined(PARTITION_SIZE) || \

@@ -33,12 +33,15 @@ __all__ = [
     "PARTITION_SIZE",
     "PREFILL_ROWS",
     "PREFILL_ROWS_PER_WARP",
+    "PREFILL_TC_KV_TILE",
+    "PREFILL_TC_ROWS",
     "QUANT_KERNEL_FILES",
     "SPLIT_MIN_TOKENS",
     "TARGET_SMS",
     "KernelVariant",
     "kernel_source",
     "kernels_dir",
+    "prefill_rows",
     "quant_variant",
     "runtime_variants",
     "variant",
@@ -70,10 +73,16 @@ KERNEL_FILES = {
     "rms_norm.cu": ("rms_norm", "add_rms_norm"),
     "silu_mul.cu": ("silu_and_mul",),
 }
-#: Query rows ((token, head) pairs of one KV head) that each warp of a paged_prefill CTA scores.
+#: Query rows ((token, head) pairs of one KV head) that each warp of the fp32 (CUDA-core)
+#: paged_prefill scores.
 PREFILL_ROWS_PER_WARP = 4
-#: Query rows per paged_prefill CTA (the launcher sizes the grid with it).
+#: Query rows per fp32 paged_prefill CTA.
 PREFILL_ROWS = NUM_THREADS // 32 * PREFILL_ROWS_PER_WARP
+#: Query rows per fp16/bf16 (tensor-core) paged_prefill CTA: one 16-row mma tile per warp.
+PREFILL_TC_ROWS = NUM_THREADS // 32 * 16
+#: Keys per shared-memory tile of the tensor-core paged_prefill (K and V: 2 x 64 x (HEAD_DIM
+#: + 8) elements, 34 KiB at head_dim 128 in fp16/bf16).
+PREFILL_TC_KV_TILE = 64
 
 #: Output features (one warp each) per CTA of the quantized GEMV / dequantise kernels.
 GEMV_WARPS = 4
@@ -163,6 +172,8 @@ def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None)
         f"-DMAX_GROUP={MAX_GROUP}",
         f"-DNUM_THREADS={NUM_THREADS}",
         f"-DPREFILL_ROWS_PER_WARP={PREFILL_ROWS_PER_WARP}",
+        f"-DPREFILL_TC_ROWS={PREFILL_TC_ROWS}",
+        f"-DPREFILL_TC_KV_TILE={PREFILL_TC_KV_TILE}",
     )
     return KernelVariant(
         file=file,
@@ -172,6 +183,17 @@ def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None)
         options=options,
         functions=KERNEL_FILES[file],
     )
+
+
+def prefill_rows(dtype: str) -> int:
+    """Query rows per paged_prefill CTA for ``dtype`` (the launcher sizes the grid with it).
+
+    fp32 runs on CUDA cores (:data:`PREFILL_ROWS`), fp16 and bf16 on tensor cores
+    (:data:`PREFILL_TC_ROWS`).
+    """
+    if dtype not in DTYPE_IDS:
+        raise ValueError(f"CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}")
+    return PREFILL_ROWS if dtype == "float32" else PREFILL_TC_ROWS
 
 
 def quant_variant(dtype: str) -> KernelVariant:

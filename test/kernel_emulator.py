@@ -5,8 +5,13 @@
 The kernel sources are compiled as host C++ (g++) against a harness that provides what they
 use: ``threadIdx``/``blockIdx``/``gridDim``, ``__shared__`` (one CTA runs at a time; its
 threads are fibers on one OS thread sharing the kernel's static arrays), ``__syncthreads`` (a
-block barrier) and ``__shfl_xor_sync`` (a per-warp exchange between barriers). A divergent
-barrier or shuffle -- undefined behaviour on a GPU -- fails the launch instead of hanging.
+block barrier), ``__shfl_xor_sync`` (a per-warp exchange between barriers) and, for the
+fp16/bf16 builds, the tensor-core ``mma.sync.aligned.m16n8k16`` of ``cuda_kernels/mma.cuh``
+(``emu_mma_m16n8k16``: a warp-collective exchange of the lanes' fragments, laid out exactly as
+the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating point type" says, so a kernel
+that loads its fragments any other way gets wrong results here as on a GPU). A divergent
+barrier, shuffle or mma -- undefined behaviour on a GPU -- fails the launch instead of hanging,
+and so does a grid over CUDA's limits (``GRID_LIMITS``).
 Kernels run with fp32 flush-to-zero (FTZ and DAZ in MXCSR, FPCR.FZ on aarch64, set and
 restored around each launch) whenever CuPy compiles them with ``-ftz=true``
 (``kernel_sources.CUPY_OPTIONS``), as a GPU runs them: a kernel that computes through an fp32
@@ -98,6 +103,62 @@ static inline float __shfl_xor_sync(unsigned int, float v, int offset) {
   arrive(g_warps[t / 32]);
   return r;
 }
+#if KV_DTYPE_ID == 0 || KV_DTYPE_ID == 1
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32, warp-collective. Each lane leaves its
+// fragments in this call's buffer and waits for its warp; then it computes its own four
+// accumulators from the fragments of all 32 lanes. Two buffers, alternated per call: a lane
+// can only write a buffer again two calls later, after every lane of its warp has arrived at
+// the call in between, i.e. has finished reading it.
+static unsigned int g_mma_a[2][1024][4], g_mma_b[2][1024][2];
+static int g_mma_parity[1024];
+static long long g_mma_ops = 0;  // warp-wide mma operations since the library was loaded
+
+static inline float mma_input(unsigned int reg, int upper) {  // element 0: the low half
+  const unsigned short bits = (unsigned short)(upper ? reg >> 16 : reg & 0xffffu);
+#if KV_DTYPE_ID == 0
+  return (float)__builtin_bit_cast(_Float16, bits);
+#else
+  unsigned int u = (unsigned int)bits << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// With g = lane / 4, t = lane % 4 (PTX ISA): A element a_i (i = 0..7, two per register, a_i in
+// register i / 2) of lane (g, t) is A[g + 8 * ((i / 2) % 2)][2t + i % 2 + 8 * (i / 4)]; B
+// element b_i (i = 0..3, register i / 2) is B[2t + i % 2 + 8 * (i / 2)][g]; accumulator c_i
+// (i = 0..3) is C[g + 8 * (i / 2)][2t + i % 2]. Inverted: who holds A[row][k] and B[k][col].
+static inline float mma_a(int base, int parity, int row, int k) {
+  const int lane = (row % 8) * 4 + (k % 8) / 2;
+  const int reg = (row / 8) + 2 * (k / 8);
+  return mma_input(g_mma_a[parity][base + lane][reg], k % 2);
+}
+static inline float mma_b(int base, int parity, int k, int col) {
+  const int lane = col * 4 + (k % 8) / 2;
+  return mma_input(g_mma_b[parity][base + lane][k / 8], k % 2);
+}
+
+static inline void emu_mma_m16n8k16(float (&acc)[4], const unsigned int (&a)[4],
+                                    const unsigned int (&b)[2]) {
+  const int tid = threadIdx.x, base = tid & ~31, lane = tid & 31;
+  const int p = g_mma_parity[tid];
+  g_mma_parity[tid] ^= 1;
+  for (int i = 0; i < 4; ++i) g_mma_a[p][tid][i] = a[i];
+  for (int i = 0; i < 2; ++i) g_mma_b[p][tid][i] = b[i];
+  arrive(g_warps[tid / 32]);
+  if (lane == 0) ++g_mma_ops;
+  for (int i = 0; i < 4; ++i) {
+    const int row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
+    float dot = 0.f;  // fp32 products and sums, k in order (the GPU's order is unspecified)
+    for (int k = 0; k < 16; ++k) {
+      dot = std::fma(mma_a(base, p, row, k), mma_b(base, p, k, col), dot);
+    }
+    acc[i] += dot;
+  }
+}
+#endif
+
 static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
@@ -119,6 +180,9 @@ static void trampoline() {
 }
 
 static int run_cta(int bx) {
+#if KV_DTYPE_ID == 0 || KV_DTYPE_ID == 1
+  std::memset(g_mma_parity, 0, sizeof(g_mma_parity));
+#endif
   for (int t = 0; t < bx; ++t) {
     Fiber& f = g_fibers[t];
     f.done = false;
@@ -202,10 +266,35 @@ static int dispatch(const std::string& n, int gx, int gy, int gz, int bx, void**
 extern "C" int emu_launch(const char* name, int gx, int gy, int gz, int bx, void** args,
                           int flush_denormals) {
   if (bx <= 0 || bx % 32 || bx > 1024 || gx <= 0 || gy <= 0 || gz <= 0) return -2;
+  if (gy > 65535 || gz > 65535) return -4;  // CUDA's gridDim.y / gridDim.z limit
   FlushDenormals mode(flush_denormals != 0);
   return dispatch(name, gx, gy, gz, bx, args);
 }
+
+#if KV_DTYPE_ID == 0 || KV_DTYPE_ID == 1
+#include "mma.cuh"
+
+extern "C" long long emu_mma_ops() { return g_mma_ops; }
+
+// One warp runs mma_m16n8k16 (cuda_kernels/mma.cuh) once on fragments given per lane:
+// a [32][4], b [32][2] registers; acc [32][4] floats, read and written back.
+extern "C" int emu_mma_probe(const unsigned int* a, const unsigned int* b, float* acc) {
+  auto body = [&] {
+    const int lane = threadIdx.x;
+    const unsigned int fa[4] = {a[4 * lane], a[4 * lane + 1], a[4 * lane + 2], a[4 * lane + 3]};
+    const unsigned int fb[2] = {b[2 * lane], b[2 * lane + 1]};
+    float d[4] = {acc[4 * lane], acc[4 * lane + 1], acc[4 * lane + 2], acc[4 * lane + 3]};
+    mma_m16n8k16(d, fa, fb);
+    for (int i = 0; i < 4; ++i) acc[4 * lane + i] = d[i];
+  };
+  FlushDenormals mode(true);
+  return launch(1, 1, 1, 32, body);
+}
+#endif
 """
+
+#: CUDA's grid limits (x, y, z): a launch beyond them fails on a GPU, and here.
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
 _SIGNATURE = re.compile(
     r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)'
@@ -217,11 +306,11 @@ def _c_params(params: str) -> list[str]:
     return [" ".join(w for w in p.split()[:-1] if w != "__restrict__") for p in params.split(",")]
 
 
-def kernel_signatures() -> dict[str, list[str]]:
+def kernel_signatures(directory: Path | None = None) -> dict[str, list[str]]:
     """``{kernel: [param kind]}`` parsed from the sources; kinds: ptr, int32, int64, float32."""
     sigs = {}
     for file in (*ks.KERNEL_FILES, *ks.QUANT_KERNEL_FILES):
-        for name, params in _SIGNATURE.findall(ks.kernel_source(file)):
+        for name, params in _SIGNATURE.findall(ks.kernel_source(file, directory)):
             kinds = []
             for p, ctype in zip(params.split(","), _c_params(params), strict=True):
                 if "*" in p:
@@ -234,7 +323,8 @@ def kernel_signatures() -> dict[str, list[str]]:
                     kinds.append("float32")
                 else:
                     raise ValueError(f"{name}: unsupported parameter {p.strip()!r}")
-            sigs[name] = kinds
+            if sigs.setdefault(name, kinds) != kinds:  # bodies under #if share one signature
+                raise ValueError(f"{name}: two definitions with different C signatures")
     return sigs
 
 
@@ -249,18 +339,21 @@ def compiler_available() -> bool:
     return shutil.which("g++") is not None
 
 
-def harness_source() -> str:
-    """The harness with every kernel file included and one launch branch per kernel."""
-    includes, branches = [], []
+def harness_source(directory: Path | None = None) -> str:
+    """The harness with every kernel file included and one launch branch per kernel.
+
+    A kernel defined once per element type under ``#if`` (paged_prefill) gets one branch.
+    """
+    includes, branches = [], {}
     for file in (*ks.KERNEL_FILES, *ks.QUANT_KERNEL_FILES):
         includes.append(f'#include "{file}"')
-        for name, params in _SIGNATURE.findall(ks.kernel_source(file)):
+        for name, params in _SIGNATURE.findall(ks.kernel_source(file, directory)):
             args = ", ".join(f"ARG({i}, {t})" for i, t in enumerate(_c_params(params)))
-            branches.append(f'  if (n == "{name}") {{\n'
-                            f'    auto body = [&] {{ {name}({args}); }};\n'
-                            f'    return launch(gx, gy, gz, bx, body);\n  }}')
+            branches[name] = (f'  if (n == "{name}") {{\n'
+                              f'    auto body = [&] {{ {name}({args}); }};\n'
+                              f'    return launch(gx, gy, gz, bx, body);\n  }}')
     return HARNESS.replace("@INCLUDES@", "\n".join(includes)).replace(
-        "@DISPATCH@", "\n".join(branches))
+        "@DISPATCH@", "\n".join(branches.values()))
 
 
 def flushes_subnormals(dtype: str, head_dim: int) -> bool:
@@ -269,11 +362,11 @@ def flushes_subnormals(dtype: str, head_dim: int) -> bool:
                for var in (ks.variant("kv_write.cu", dtype, head_dim), ks.quant_variant(dtype)))
 
 
-def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
+def _build(dtype: str, head_dim: int, directory: Path | None = None) -> ctypes.CDLL:
     options = dict.fromkeys((*ks.variant("kv_write.cu", dtype, head_dim).options,
                              *ks.quant_variant(dtype).options))
-    src_dir = ks.kernels_dir()
-    harness = harness_source()
+    src_dir = directory or ks.kernels_dir()
+    harness = harness_source(directory)
     sources = "".join(p.read_text() for p in sorted(src_dir.glob("*.cu*")))
     key = hashlib.sha256("\0".join((harness, sources, *options)).encode()).hexdigest()[:16]
     cache = Path(tempfile.gettempdir()) / f"orin_llm_kernel_emulator_{key}"
@@ -297,15 +390,32 @@ def _build(dtype: str, head_dim: int) -> ctypes.CDLL:
     return so
 
 
-def emulated_launch(dtype: str, head_dim: int):
-    """A ``launch(name, grid, block, args)`` running the kernels of this variant on the CPU."""
-    if (dtype, head_dim) not in _LIBS:
-        _LIBS[dtype, head_dim] = _build(dtype, head_dim)
-    so = _LIBS[dtype, head_dim]
-    sigs = kernel_signatures()
+def _library(dtype: str, head_dim: int, directory: Path | None = None) -> ctypes.CDLL:
+    key = (dtype, head_dim, None if directory is None else str(directory))
+    if key not in _LIBS:
+        _LIBS[key] = _build(dtype, head_dim, directory)
+    return _LIBS[key]
+
+
+def check_grid(name: str, grid) -> None:
+    """Raise ``ValueError`` when ``grid`` exceeds CUDA's limits (``GRID_LIMITS``)."""
+    for axis, size, limit in zip("xyz", grid, GRID_LIMITS, strict=True):
+        if not 0 < size <= limit:
+            raise ValueError(f"{name}: gridDim.{axis} = {size}, CUDA allows 1..{limit}")
+
+
+def emulated_launch(dtype: str, head_dim: int, directory: Path | None = None):
+    """A ``launch(name, grid, block, args)`` running the kernels of this variant on the CPU.
+
+    ``directory``: kernel sources to build instead of ``cuda_kernels/`` (a mutated copy).
+    """
+    so = _library(dtype, head_dim, directory)
+    sigs = kernel_signatures(directory)
     flush = int(flushes_subnormals(dtype, head_dim))
 
     def launch(name, grid, block, args):
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        check_grid(name, grid)
         kinds = sigs[name]
         if len(args) != len(kinds):
             raise TypeError(f"{name}: {len(args)} arguments for {len(kinds)} parameters")
@@ -321,12 +431,39 @@ def emulated_launch(dtype: str, head_dim: int):
         argv = (ctypes.c_void_p * len(values))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
         )
-        grid = tuple(grid) + (1,) * (3 - len(grid))
         rc = so.emu_launch(name.encode(), *grid, block[0], argv, flush)
         if rc:
             raise RuntimeError(f"emu_launch({name}, grid={grid}, block={block}) -> {rc}")
 
     return launch
+
+
+def mma_ops(dtype: str, head_dim: int) -> int:
+    """Warp-wide tensor-core mma operations the ``(dtype, head_dim)`` kernels ran so far.
+
+    Counted over this process, for the fp16 / bf16 builds.
+    """
+    so = _library(dtype, head_dim)
+    so.emu_mma_ops.restype = ctypes.c_longlong
+    return so.emu_mma_ops()
+
+
+def mma_probe(dtype: str, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """Run ``mma_m16n8k16`` (``cuda_kernels/mma.cuh``) once on one emulated warp.
+
+    ``a`` uint32 ``[32, 4]`` and ``b`` uint32 ``[32, 2]``: each lane's fragment registers;
+    ``acc`` float32 ``[32, 4]``: each lane's accumulators. Returns the accumulators after.
+    """
+    so = _library(dtype, ks.HEAD_DIMS[0])
+    a, b = (np.ascontiguousarray(x, dtype=np.uint32) for x in (a, b))
+    out = np.array(acc, dtype=np.float32, order="C")
+    if a.shape != (32, 4) or b.shape != (32, 2) or out.shape != (32, 4):
+        raise ValueError("fragments: a [32, 4], b [32, 2], acc [32, 4]")
+    ptr = ctypes.c_void_p
+    rc = so.emu_mma_probe(ptr(a.ctypes.data), ptr(b.ctypes.data), ptr(out.ctypes.data))
+    if rc:
+        raise RuntimeError(f"emu_mma_probe -> {rc}")
+    return out
 
 
 class CountingLaunch(LaunchCounter):

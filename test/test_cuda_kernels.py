@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The CUDA kernels on a GPU against a float64 torch reference (marker ``gpu``).
 
-Paged prefill: many lengths (one compiled code path, no per-shape planning), padding rows
+Paged prefill (tensor cores in fp16/bf16, CUDA cores in fp32): many lengths (one compiled
+code path, no per-shape planning), more row tiles than gridDim.y holds, padding rows
 under a captured graph replayed with new lengths, prefixes and block tables, and the tiny
 model's bucketed prefill graphs against eager prefill (the same logic runs on the CPU in
 test_paged_prefill_emulated.py and test_prefill_buckets.py).
@@ -277,6 +278,31 @@ def test_prefill_kernel_matches_reference(dtype, head_dim, hq, hkv):
         ref = reference_prefill(attn.kv_cache[1], q, table, num_prefix, n)
         err = (out.double() - ref).abs().max().item()
         assert err <= ATOL[dtype], (num_prefix, n, err)
+
+
+@pytest.mark.parametrize("dtype,num_rows", [("float32", 262_200), ("bfloat16", 1_048_600)])
+def test_prefill_with_more_row_tiles_than_grid_y_holds(dtype, num_rows):
+    """More than 65,535 row tiles (gridDim.y's limit): 33 real tokens then padding rows.
+
+    Tiles are handed out last first, so the real rows sit in the CTAs with the highest
+    blockIdx.x; they must match the reference, twice bit for bit.
+    """
+    attn, gen = make_backend(dtype, 32, 4, 1, num_blocks=64, max_model_len=1024)
+    assert -(-num_rows * 4 // ks.prefill_rows(dtype)) > 65_535
+    table = torch.randperm(64, generator=gen, device=DEV)
+    num_prefix, n = 300, 33
+    t = torch.arange(num_prefix, num_prefix + n, device=DEV)
+    slots = torch.full((num_rows,), -1, dtype=torch.long, device=DEV)
+    slots[:n] = table[t // 16] * 16 + t % 16
+    q = torch.zeros(num_rows, 4, 32, dtype=attn.dtype, device=DEV)
+    k, v = (torch.zeros(num_rows, 1, 32, dtype=attn.dtype, device=DEV) for _ in range(2))
+    for buf in (q, k, v):
+        buf[:n] = torch.randn(n, *buf.shape[1:], generator=gen, device=DEV)
+    attn.prepare(slots, table, num_prefix, n)
+    out = attn.attend(0, q, k, v)
+    ref = reference_prefill(attn.kv_cache[0], q[:n], table, num_prefix, n)
+    assert (out[:n].double() - ref).abs().max().item() <= ATOL[dtype]
+    assert torch.equal(attn.attend(0, q, k, v)[:n], out[:n])
 
 
 def test_padded_prefill_graph_replays_new_lengths():

@@ -64,6 +64,34 @@ def compile_variant(source: str, options, name: str = "kernel.cu") -> tuple[str,
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)'")
+_PTXAS_FIGURES = {
+    "stack_bytes": re.compile(r"(\d+) bytes stack frame"),
+    "spill_store_bytes": re.compile(r"(\d+) bytes spill stores"),
+    "spill_load_bytes": re.compile(r"(\d+) bytes spill loads"),
+    "registers": re.compile(r"Used (\d+) registers"),
+    "smem_bytes": re.compile(r"(\d+) bytes smem"),
+}
+
+
+def ptxas_resources(var, sm: int) -> dict[str, dict[str, int]]:
+    """``{kernel: {registers, smem_bytes, spill_*_bytes, stack_bytes}}`` of ``var`` on ``sm``.
+
+    From ptxas's own report (``--ptxas-options=-v``) of the compile CuPy would run.
+    """
+    _, _, log = compile_variant(var.source, (*var.nvrtc_options(sm), "--ptxas-options=-v"),
+                                var.file)
+    kernels = {}
+    for block in re.split(r"(?=ptxas info\s+: Compiling entry function)", log):
+        entry = _PTXAS_ENTRY.search(block)
+        if entry:
+            kernels[entry.group(1)] = {
+                key: int(m.group(1)) if (m := pattern.search(block)) else 0
+                for key, pattern in _PTXAS_FIGURES.items()
+            }
+    return kernels
+
+
 def test_nvrtc_library_loads():
     major, minor = _check(nvrtc.nvrtcVersion(), "nvrtcVersion")
     # CUDA 12 like Jetson's JetPack 6; a CUDA 13 NVRTC would not match cupy-cuda12x.
@@ -111,6 +139,23 @@ def test_variant_compiles_as_cupy_compiles_it(var, sm):
     smem = sum(int(n) for n in re.findall(r"\.shared\s+\.align\s+\d+\s+\.\w+\s+\w+\[(\d+)\]", ptx))
     assert (smem == 0) == (var.file in NO_SMEM_FILES), f"{var.file}: {smem} bytes of smem"
     assert smem <= MAX_STATIC_SMEM, f"{var.file}: {smem} bytes of static shared memory"
+
+
+_PREFILL = [v for v in _VARIANTS if v.file == "paged_prefill.cu"]
+
+
+@pytest.mark.parametrize("sm", SMS)
+@pytest.mark.parametrize("var", _PREFILL, ids=[f"{v.dtype}-d{v.head_dim}" for v in _PREFILL])
+def test_paged_prefill_keeps_its_tiles_in_registers(var, sm):
+    """No spills and static shared memory <= 48 KiB, from ptxas's report.
+
+    The tensor-core body holds its Q fragments and O accumulators in registers for the whole
+    walk over the keys: a spill would put them in local memory on every tile.
+    """
+    (res,) = ptxas_resources(var, sm).values()
+    assert res["registers"] > 0, "ptxas printed no resource report"
+    assert res["spill_store_bytes"] == res["spill_load_bytes"] == res["stack_bytes"] == 0, res
+    assert res["smem_bytes"] <= MAX_STATIC_SMEM, res
 
 
 def test_syntax_error_fails(tmp_path: Path):

@@ -2,6 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """``cuda_kernels/paged_prefill.cu`` checked on the CPU through the kernel emulator.
 
+fp32 runs the CUDA-core body, fp16/bf16 the tensor-core one (more of it in
+test_tensor_core_prefill_emulated.py).
+
 The kernel is compared with a float64 reference (softmax over the keys each query may see,
 read through a shuffled block table), with the torch backend (gather + SDPA with the
 bottom-right mask) through ``CudaPagedAttention``, and inside the tiny model's prefill when the
@@ -113,8 +116,11 @@ def test_prefill_equals_torch_backend_with_and_without_padding():
 
 
 def test_prefill_launch_shape_does_not_depend_on_the_lengths():
-    """Same grid and shared memory for every length up to a bucket: only seq_info changes."""
-    attn, gen = _kernels("float32", 32, 4, 2)
+    """Same grid and shared memory for every length up to a bucket: only seq_info changes.
+
+    Row tiles on gridDim.x, KV heads on gridDim.y.
+    """
+    attn, gen = _kernels("float32", 32, 6, 2)
     grids = []
 
     def record(name, grid, block, args):
@@ -130,9 +136,9 @@ def test_prefill_launch_shape_does_not_depend_on_the_lengths():
         t = torch.arange(num_prefix, num_prefix + n)
         slots[:n] = table[t // 16] * 16 + t % 16
         attn.prepare(slots, table, num_prefix, n)
-        attn.attend(0, *(torch.randn(16, h, 32, generator=gen) for h in (4, 2, 2)))
+        attn.attend(0, *(torch.randn(16, h, 32, generator=gen) for h in (6, 2, 2)))
     assert len(set(grids)) == 1
-    assert grids[0][0] == (2, -(-16 * 2 // ks.PREFILL_ROWS))
+    assert grids[0][0] == (-(-16 * 3 // ks.prefill_rows("float32")), 2)
 
 
 @pytest.mark.parametrize("cached", [0, 13, 29, 45])

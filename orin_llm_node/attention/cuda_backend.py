@@ -13,11 +13,13 @@ touches CuPy.
   length read from device memory, plus a reduce kernel. Context length, slot and block table
   are read from device memory, so a decode step can be captured in a CUDA graph and replayed.
 * Prefill (many query rows): ``paged_prefill.cu`` -- the new tokens' queries read K/V
-  straight through the block table (no gather), bottom-right causal, GQA. Its grid follows the
-  number of query rows only and the lengths (cached prefix, real new tokens) come from a device
-  buffer, so every prompt length runs the same code without per-shape planning, and a prefill
-  padded to a bucket (padding rows: slot -1, no KV write, zeros out) can be captured in a CUDA
-  graph. ``attention.base.causal_attention`` (torch SDPA, bottom-right mask) is its reference.
+  straight through the block table (no gather), bottom-right causal, GQA; on tensor cores
+  (mma.sync) in fp16/bf16, on CUDA cores in fp32. Its grid follows the number of query rows
+  only (row tiles on ``gridDim.x``, KV heads on ``gridDim.y``) and the lengths (cached prefix,
+  real new tokens) come from a device buffer, so every prompt length runs the same code without
+  per-shape planning, and a prefill padded to a bucket (padding rows: slot -1, no KV write,
+  zeros out) can be captured in a CUDA graph. ``attention.base.causal_attention`` (torch SDPA,
+  bottom-right mask) is its reference.
 
 Launches go through ``launch(name, grid, block, args)`` (``cuda_ops.kernel_launcher`` on a
 GPU; the CPU kernel emulator in tests), fetched in :meth:`CudaPagedAttention.warmup` -- never
@@ -117,6 +119,7 @@ class CudaPagedAttention(AttentionBackend):
         self._context_buf = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._seq_info = torch.zeros(2, dtype=torch.int32, device=self.device)
         self._scale_log2 = np.float32(head_dim ** -0.5 * _LOG2E)
+        self._prefill_rows = ks.prefill_rows(TORCH_DTYPES[kv_cache.dtype])
         self._custom_launch = launch
         self._launch = None
         self._reset_metadata()
@@ -315,11 +318,15 @@ class CudaPagedAttention(AttentionBackend):
         n = q.shape[0]
         if n != self._slots.shape[0]:
             raise ValueError(f"{n} query rows for {self._slots.shape[0]} slots")
+        rows = n * self.group_size
+        if rows + self._prefill_rows >= 2**31:
+            raise ValueError(f"{n} query tokens x {self.group_size} heads per KV head: the "
+                             "prefill kernel indexes query rows with int32")
         out = torch.empty(n, self.num_q_heads, self.head_dim, dtype=self.dtype,
                           device=self.device)
-        tiles = -(-n * self.group_size // ks.PREFILL_ROWS)
+        tiles = -(-rows // self._prefill_rows)
         self._launch(
-            "paged_prefill", (self.num_kv_heads, tiles), (ks.NUM_THREADS,),
+            "paged_prefill", (tiles, self.num_kv_heads), (ks.NUM_THREADS,),
             (out.data_ptr(), q.data_ptr(), k_ptr, v_ptr, self._block_table.data_ptr(),
              self._seq_info.data_ptr(), np.int32(n), np.int32(self.num_kv_heads),
              np.int32(self.group_size), np.int32(self.block_size), np.int64(q.stride(0)),

@@ -60,6 +60,12 @@ class EngineConfig:
     CuPy cannot import, compile or load them; ``"cuda"`` fails instead; ``"torch"`` never
     touches CuPy.
 
+    ``prefill_chunk_tokens``: a prompt's uncached tokens are prefilled in chunks of at most
+    this many; ``LLMEngine.cancel()`` and ``SamplingParams.timeout_s`` are checked between
+    chunks, so a long prefill stops within one chunk of either. Each chunk attends to the ones
+    before through the KV cache, as after a prefix-cache hit: greedy answers stay those of an
+    unchunked prefill.
+
     ``quantization``: ``"none"`` loads the checkpoint as it is (float, or its own INT4 / INT8 /
     FP8 format when its config.json declares one); ``"int8"``, ``"int4"`` (groups of 128,
     symmetric), ``"int4_asym"`` or ``"fp8"`` quantize a float checkpoint's decoder projections
@@ -111,6 +117,7 @@ class EngineConfig:
     block_order_seed: int | None = None
     quantization: str = "none"
     attention_backend: str = "auto"
+    prefill_chunk_tokens: int = 2048
 
     def __post_init__(self):
         if not str(self.model_path):
@@ -128,6 +135,7 @@ class EngineConfig:
         _positive_int("num_kv_blocks", self.num_kv_blocks, allow_none=True)
         _positive_int("max_model_len", self.max_model_len)
         _positive_int("cpu_kv_tokens", self.cpu_kv_tokens, allow_none=True)
+        _positive_int("prefill_chunk_tokens", self.prefill_chunk_tokens)
         if self.kv_cache_memory_mb is not None and not self.kv_cache_memory_mb > 0:
             raise ValueError(
                 f"kv_cache_memory_mb must be > 0 when set, got {self.kv_cache_memory_mb!r}"

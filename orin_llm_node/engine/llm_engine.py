@@ -440,13 +440,21 @@ class LLMEngine:
         state.images, state.videos = _prompt_media(spans)
         positions, next_pos = self.prompts.positions(prompt, spans)
         deadline = None if sampling.timeout_s is None else state.t0 + sampling.timeout_s
-        if self._cancel.is_set():
-            state.finish = FinishReason.CANCELLED
+        # The deadline and cancel() cover the prefill too: checked before the vision tower,
+        # after it and between prefill chunks (the KV of the chunks done is kept: a later turn
+        # reuses it).
+        if self._prefill_stopped(state, deadline):
             return
         visual, state.vision_s = self._vision_rows(spans, state.cached, pixels)
-        logits = runner.prefill(prompt[state.cached:], positions[:, state.cached:],
-                                conv.block_table, state.cached, visual)
-        kv.kv_written(conv, len(prompt))
+        if self._prefill_stopped(state, deadline):
+            return
+        for written, chunk_logits in runner.prefill_chunks(
+                prompt[state.cached:], positions[:, state.cached:], conv.block_table,
+                state.cached, visual, self.config.prefill_chunk_tokens):
+            kv.kv_written(conv, written)
+            logits = chunk_logits
+            if written < len(prompt) and self._prefill_stopped(state, deadline):
+                return
         detok = state.detok = IncrementalDetokenizer(self.tokenizer.decode)
         eos = set() if sampling.ignore_eos else set(self.tokenizer.eos_ids)
         gen = state.token_ids
@@ -486,6 +494,14 @@ class LLMEngine:
             token = runner.decode_sample(token, next_pos + len(gen) - 1, conv.block_table,
                                          context, sampler)
             kv.kv_written(conv, context)
+
+    def _prefill_stopped(self, state: "_TurnState", deadline: float | None) -> bool:
+        # Whether cancel() or the deadline ends the turn before its first token.
+        if self._cancel.is_set():
+            state.finish = FinishReason.CANCELLED
+        elif deadline is not None and time.perf_counter() >= deadline:
+            state.finish = FinishReason.TIMEOUT
+        return state.finish is not None
 
     def _close_turn(self, conv: Conversation, state: "_TurnState") -> None:
         # Runs whatever ended the turn (finish, error, a closed stream): the history stays a

@@ -3,7 +3,8 @@
 """The one place that touches the device: KV tensor, slot mapping, block tables, prefill, decode.
 
 Short text-only prefills (follow-up questions) run padded to a bucket through
-``prefill_graph.PrefillGraphs`` (captured CUDA graphs on a GPU). Decode is split for CUDA
+``prefill_graph.PrefillGraphs`` (captured CUDA graphs on a GPU); long ones run in chunks
+(``prefill_chunks``), so the engine can stop between them. Decode is split for CUDA
 Graphs: ``prepare_decode`` does all host work (writes the token, position, slot and
 block-table *static* buffers, sets the backend's per-step metadata) and ``run_decode`` only
 runs the model on those buffers (``_decode_forward``); graphs capture that and the token
@@ -207,6 +208,32 @@ class ModelRunner:
         self.attn.prepare(torch.from_numpy(slots).to(dev), table, num_cached, n)
         hidden = self.model(ids, pos, self.attn, visual)
         return self.model.compute_logits(hidden[-1:])[0]
+
+    def prefill_chunks(self, token_ids: list[int], positions: np.ndarray,
+                       block_table: list[int], num_cached: int, visual, chunk_tokens: int):
+        """:meth:`prefill` in chunks of at most ``chunk_tokens`` tokens, one per step.
+
+        Yields ``(num_kv_tokens, logits)`` after each chunk: the tokens of the sequence that
+        have K/V now, and the fp32 logits ``[V]`` of the chunk's last token (the answer's first
+        logits after the last chunk). A chunk attends to everything before it through the KV
+        cache, as the suffix after a prefix-cache hit does; a boundary may fall inside an image
+        or a clip, whose ``visual`` rows are split with its pad tokens. Closing the generator
+        between chunks leaves the KV of the chunks done valid.
+        """
+        if chunk_tokens <= 0:
+            raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+        n = len(token_ids)
+        if visual is not None:
+            cfg = self.model.config
+            pads = np.isin(np.asarray(token_ids), (cfg.image_token_id, cfg.video_token_id))
+            rows = np.concatenate(([0], np.cumsum(pads)))  # visual rows before each token
+        for lo in range(0, n, chunk_tokens):
+            hi = min(lo + chunk_tokens, n)
+            part = None
+            if visual is not None and rows[hi] > rows[lo]:
+                part = visual[int(rows[lo]):int(rows[hi])]
+            yield num_cached + hi, self.prefill(token_ids[lo:hi], positions[:, lo:hi],
+                                                block_table, num_cached + lo, part)
 
     def capture_prefill_graphs(self) -> None:
         """Capture the bucketed prefill graphs now (no-op without them); call at load."""
