@@ -84,6 +84,37 @@ def test_acquire_revives_cached_block_and_shares_used_ones():
         pool.acquire(never_used)  # a plain free block holds nothing to hit
 
 
+@pytest.mark.parametrize("num_blocks, block_size", [(0, 16), (-1, 16), (4, 0), (4, -4)])
+def test_a_pool_without_blocks_or_tokens_is_refused(num_blocks, block_size):
+    with pytest.raises(ValueError, match="positive"):
+        BlockPool(num_blocks, block_size)
+
+
+def test_register_needs_a_referenced_block():
+    pool = BlockPool(3, 4)
+    never = pool.allocate()
+    pool.release([never])  # free again, no hash: unreferenced
+    with pytest.raises(ValueError, match="not referenced"):
+        pool.register(never, b"a" * 16)
+    cached = pool.allocate()
+    assert pool.register(cached, b"b" * 16)
+    pool.release([cached])  # unreferenced, hash kept: cached
+    with pytest.raises(ValueError, match="not referenced"):
+        pool.register(cached, b"c" * 16)
+    # Nothing changed: the plain block holds no hash, the cached one keeps its own.
+    assert pool.lookup(b"a" * 16) is None and pool.lookup(b"c" * 16) is None
+    assert pool.lookup(b"b" * 16) == cached and counts(pool) == (2, 1, 0)
+
+
+def test_register_again_keeps_the_first_hash_of_a_block():
+    pool = BlockPool(2, 4)
+    b = pool.allocate()
+    assert pool.register(b, b"x" * 16)
+    assert pool.register(b, b"x" * 16)  # the same hash again: still its own
+    assert not pool.register(b, b"y" * 16)  # another hash: refused, the first one kept
+    assert pool.lookup(b"x" * 16) == b and pool.lookup(b"y" * 16) is None
+
+
 def test_duplicate_hash_keeps_first_block():
     pool = BlockPool(2, 4)
     a, b = pool.allocate(), pool.allocate()

@@ -19,7 +19,28 @@ import torch.nn.functional as F
 from orin_llm_node.layers.layernorm import rms_norm
 from orin_llm_node.layers.rotary_embedding import apply_rope
 
-__all__ = ["AttentionBackend", "causal_attention", "gather_kv"]
+__all__ = ["SDPA_ENABLE_GQA", "AttentionBackend", "causal_attention", "gather_kv",
+           "sdpa_takes_enable_gqa"]
+
+
+def sdpa_takes_enable_gqa() -> bool:
+    """Whether this torch's ``scaled_dot_product_attention`` takes ``enable_gqa``.
+
+    Asked of the function itself on a tiny input, not of the version string: ``enable_gqa``
+    came with torch 2.5, JetPack 6.0 ships 2.3, and NVIDIA's Jetson builds carry pre-release
+    versions (``2.5.0a0+...``) whose features depend on their commit. Without the keyword,
+    torch raises ``TypeError``.
+    """
+    q, kv = torch.zeros(1, 2, 1, 1), torch.zeros(1, 1, 1, 1)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
+#: Asked once at import; ``causal_attention`` expands the KV heads itself when False.
+SDPA_ENABLE_GQA = sdpa_takes_enable_gqa()
 
 
 class AttentionBackend(Protocol):
@@ -121,14 +142,22 @@ def causal_attention(
         raise ValueError(f"expected {num_prefix + n} keys, got {num_keys}")
     # [1, H, L, D]: the 4-D layout picks the same CPU/GPU SDPA kernels as the reference.
     qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))
-    gqa = q.shape[1] != k.shape[1]
+    extra = {}
+    if q.shape[1] != k.shape[1]:
+        if SDPA_ENABLE_GQA:
+            extra["enable_gqa"] = True
+        else:
+            # torch < 2.5 (JetPack 6.0): each KV head repeated for its group of query heads,
+            # which is what enable_gqa does inside SDPA (the same outputs, bit for bit).
+            group = q.shape[1] // k.shape[1]
+            kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
     if n == 1 or num_prefix == 0:
         # One query sees every key; with no prefix top-left == bottom-right.
         mask, causal = None, n > 1
     else:
         mask, causal = causal_lower_right(n, num_keys), False
     out = F.scaled_dot_product_attention(
-        qh, kh, vh, attn_mask=mask, is_causal=causal, scale=q.shape[-1] ** -0.5, enable_gqa=gqa
+        qh, kh, vh, attn_mask=mask, is_causal=causal, scale=q.shape[-1] ** -0.5, **extra
     )
     return out[0].transpose(0, 1)
 

@@ -52,8 +52,9 @@ class EngineConfig:
     ``memory_plan.KV_CONVERSATIONS`` conversations of ``max_model_len`` tokens (on the CPU,
     ``cpu_kv_tokens`` tokens when set) capped by ``gpu_memory_fraction`` of what is available
     after the weights and the scratch (None: 0.9 on a discrete GPU, 0.5 on unified memory and
-    the CPU). ``engine.memory_plan`` has the figures; a configuration whose weights, one
-    ``max_model_len`` conversation and scratch cannot fit is refused before loading.
+    the CPU), never less than one ``max_model_len`` conversation. ``engine.memory_plan`` has
+    the figures; a configuration whose share cannot hold one conversation beside the weights
+    and scratch is refused before loading.
 
     ``attention_backend``: ``"auto"`` runs the CUDA kernels on a CUDA device and falls back to
     the torch path (one WARN line, the reason in ``LLMEngine.backend_fallback_reason``) when

@@ -39,7 +39,7 @@ from .finish_reason import FinishReason
 from .kv_manager import KVBlocks, KVCacheManager, PoolStats
 from .memory_plan import MemoryPlanError, plan_memory
 from .model_runner import ModelRunner
-from .sampler import Sampler
+from .sampler import NonFiniteLogits, Sampler
 from .structured import GrammarTokenizer, parse_answer, structured_available
 from .thread_guard import SingleThreadGuard
 from .vision_cache import VisionCache
@@ -74,7 +74,9 @@ class ChatResult:
     images and clips are two lists, as the reference takes them (``pixel_values`` and
     ``pixel_values_videos``); ``token_ids``: the
     generated ids (a stop token included); ``cached_tokens``: prompt tokens reused from the KV
-    cache; ``error``: why nothing was generated, when the prompt could not run.
+    cache; ``error``: why nothing was generated, when the prompt could not run, or why the
+    answer ended early with ``finish_reason == "error"`` (a step whose logits left no token to
+    pick: NaN, +inf, or every token masked; the tokens before it are kept).
 
     A constrained answer (``SamplingParams.response_format``) also has ``valid``: True when its
     grammar completed (``finish_reason == "stop"``; a ``"length"`` answer is incomplete and
@@ -458,7 +460,11 @@ class LLMEngine:
         detok = state.detok = IncrementalDetokenizer(self.tokenizer.decode)
         eos = set() if sampling.ignore_eos else set(self.tokenizer.eos_ids)
         gen = state.token_ids
-        token = sampler(logits)
+        try:
+            token = sampler(logits)
+        except NonFiniteLogits as exc:
+            state.no_token(exc)
+            return
         while True:
             now = time.perf_counter()
             if not gen:
@@ -491,8 +497,12 @@ class LLMEngine:
                 return
             # Under a CUDA graph the token mask is applied inside the graph (greedy: the argmax
             # too, then one 8-byte copy); a grammar's mask is computed while the GPU runs.
-            token = runner.decode_sample(token, next_pos + len(gen) - 1, conv.block_table,
-                                         context, sampler)
+            try:
+                token = runner.decode_sample(token, next_pos + len(gen) - 1, conv.block_table,
+                                             context, sampler)
+            except NonFiniteLogits as exc:
+                state.no_token(exc)
+                return
             kv.kv_written(conv, context)
 
     def _prefill_stopped(self, state: "_TurnState", deadline: float | None) -> bool:
@@ -525,6 +535,7 @@ class LLMEngine:
             decode_tok_s=(len(gen) - 1) / decode_s if len(gen) > 1 and decode_s > 0 else 0.0,
             vision_s=state.vision_s,
             dropped_turns=state.dropped,
+            error=state.error,
         )
         if state.grammar is not None:
             valid = state.finish == FinishReason.STOP and state.grammar.complete
@@ -566,5 +577,11 @@ class _TurnState:
         self.response_format: dict | None = None
         self.grammar = None  # structured.Grammar of a constrained answer
         self.tail = ""
+        self.error: str | None = None
         self.result: ChatResult | None = None
+
+    def no_token(self, exc: NonFiniteLogits) -> None:
+        """End the answer: a step's logits left nothing to pick (the engine goes on)."""
+        log.warning("answer ended after %d tokens: %s", len(self.token_ids), exc)
+        self.finish, self.error = FinishReason.ERROR, str(exc)
 

@@ -6,27 +6,36 @@ Made before a single weight is read (the weights are counted on the ``meta`` dev
 checkpoint that cannot fit is refused with one line instead of an out-of-memory kill halfway
 through loading. The node, ``orin_llm_check`` and the tests share :func:`plan_memory`.
 
-What the process may take (``available``):
+What the process may take (``available``), read once the CUDA context exists: on a CUDA device
+the plan first asks ``cudaMemGetInfo``, which creates the device's primary context, so every
+figure read after it already lacks the context's share (on a Jetson that share is taken from
+the same RAM):
 
 * a discrete GPU: ``torch.cuda.mem_get_info`` (free device memory);
 * an integrated GPU (Jetson: ``is_integrated``, unified memory) and the CPU: system memory,
   ``MemAvailable`` from ``/proc/meminfo`` (free RAM plus the page cache the kernel can
-  reclaim), lowered to the room left under the process's cgroup limit where one is set
-  (cgroup v2 ``memory.max - memory.current``, v1 ``memory.limit_in_bytes - usage_in_bytes``).
-  ``mem_get_info`` on Tegra counts no reclaimable cache, so it is only the fallback.
+  reclaim), lowered to the room left under the memory limits of the process's own cgroup and
+  of each cgroup above it (``/proc/self/cgroup``; v2 ``memory.max - memory.current``, v1
+  ``memory.limit_in_bytes - memory.usage_in_bytes``): a systemd ``MemoryMax=`` sits on the
+  service's cgroup, not on the root. ``mem_get_info`` on Tegra counts no reclaimable cache,
+  so it is only the fallback.
 
 The KV pool is sized for what is configured: ``KV_CONVERSATIONS`` conversations of
 ``max_model_len`` tokens (the one being answered and one more kept warm in the prefix cache),
 capped by ``kv_fraction`` of what is left after the weights and the scratch estimates. The
 fraction is 0.9 on a discrete GPU (the process owns it) and 0.5 on unified memory and the CPU
 (the rest of the robot -- camera drivers, planners, ROS 2 -- lives in the same RAM);
-``EngineConfig.gpu_memory_fraction`` overrides it. ``kv_cache_memory_mb`` / ``num_kv_blocks``
-set the pool outright.
+``EngineConfig.gpu_memory_fraction`` overrides it. The automatic pool never holds less than
+one whole ``max_model_len`` conversation: a plan whose share cannot hold one is refused with
+its figures, not shrunk under it (answers would be cut and turns dropped although the plan
+said it fits). ``kv_cache_memory_mb`` / ``num_kv_blocks`` set the pool outright.
 
 The scratch figures are estimates of the peaks that come after the pool is allocated: prefill
 activations of a ``max_model_len`` prompt, the vision tower on one ``image_max_pixels`` image,
-the dense layer a quantized prefill dequantizes into, logits, cuBLAS workspace and CUDA graph
-pools (CUDA only), the vision cache and a fixed headroom for the allocator and the Python heap.
+the dense layer a quantized prefill dequantizes into, logits, the vision cache and a fixed
+headroom for the allocator and the Python heap; on CUDA also the cuBLAS workspace, the CUDA
+graph pools, the kernels CUDA loads on first use after the plan (``CUDA_LAZY_MODULES``) and,
+on unified memory, NVRTC compiling our kernels (``NVRTC_COMPILE``).
 """
 
 from dataclasses import asdict, dataclass, field, replace
@@ -54,6 +63,17 @@ _GB = 1e9
 #: (decode graph plus the prefill buckets' private pool), CUDA only.
 CUBLAS_WORKSPACE = 32 * _MIB
 GRAPH_POOL_BASE = 32 * _MIB
+#: Kernel modules CUDA loads on first use, after the plan (lazy loading, the default since
+#: CUDA 12.2 and set by torch since 1.13): the torch and cuBLAS kernels of the shapes the
+#: engine runs (no cuDNN: the patch embedding is a GEMM). Bounded by what loading every module
+#: at once costs: a torch CUDA context measured 666,632,192 B of device memory with eager
+#: loading and 287,047,680 B with lazy loading (PyTorch pull request 86509); the difference is
+#: all that lazy loading defers.
+CUDA_LAZY_MODULES = 666_632_192 - 287_047_680
+#: NVRTC loaded and compiling the engine's kernels (unified memory: host RAM is the GPU's).
+#: Measured peak over the resident set before it: 91 MiB, the same for the 7 programs of one
+#: dtype and head_dim as for all 57 (CUDA 12.9 NVRTC, x86-64; /proc/self VmHWM).
+NVRTC_COMPILE = 96 * _MIB
 #: Allocator fragmentation, the tokenizer and the Python heap.
 HEADROOM = 256 * _MIB
 _CGROUP_UNLIMITED = 1 << 60
@@ -93,16 +113,27 @@ class MemoryPlan:
         return sum(self.scratch.values())
 
     @property
+    def kv_required(self) -> int:
+        """Room the KV needs after weights and scratch.
+
+        The explicit pool, or a room whose ``kv_fraction`` share holds one whole
+        ``max_model_len`` conversation.
+        """
+        if self.kv_explicit:
+            return self.kv_wanted
+        return math.ceil(self.kv_one_conversation / self.kv_fraction)
+
+    @property
     def needed(self) -> int:
-        """Weights + the KV the check requires + scratch."""
-        kv = self.kv_wanted if self.kv_explicit else self.kv_one_conversation
-        return self.weights + kv + self.scratch_total
+        """Weights + the room the KV requires + scratch."""
+        return self.weights + self.kv_required + self.scratch_total
 
     def refusal(self) -> str:
         """One line: the figures, and the settings that would fit."""
         kv = (f"KV {_gb(self.kv_wanted)} (kv_cache_memory_mb)" if self.kv_explicit else
-              f"KV for one {self.max_model_len}-token conversation "
-              f"{_gb(self.kv_one_conversation)}")
+              f"KV room {_gb(self.kv_required)} (the pool takes {self.kv_fraction:.0%} of "
+              f"what is left, and it must hold one {self.max_model_len}-token conversation: "
+              f"{_gb(self.kv_one_conversation)})")
         fix = "; ".join(self.would_fit) or "no setting of this checkpoint fits: use a smaller one"
         return (f"the model does not fit in memory on {self.device}: weights "
                 f"{_gb(self.weights)} ({self.weight_format}) + {kv} + scratch "
@@ -111,7 +142,8 @@ class MemoryPlan:
 
     def as_dict(self) -> dict:
         """JSON-ready figures (``orin_llm_check --json``)."""
-        return {**asdict(self), "scratch_total": self.scratch_total, "needed": self.needed}
+        return {**asdict(self), "scratch_total": self.scratch_total,
+                "kv_required": self.kv_required, "needed": self.needed}
 
 
 def _gb(n: int) -> str:
@@ -136,34 +168,77 @@ def _read_int(path: Path) -> int | None:
     return None if text == "max" or not text.isdigit() else int(text)
 
 
-def _cgroup_room(root: Path) -> int | None:
-    cg = root / "sys/fs/cgroup"
-    for limit, usage in (("memory.max", "memory.current"),
-                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
-        top, used = _read_int(cg / limit), _read_int(cg / usage)
+def _own_cgroups(root: Path) -> list[tuple[Path, str, str, str]]:
+    """``(directory, cgroup path, limit file, usage file)`` of the process's memory cgroups.
+
+    Each hierarchy named in ``/proc/self/cgroup`` (v2: ``0::/path``; v1: the ``memory``
+    controller's line) gives the process's own cgroup and every one above it, up to the mount
+    point: a limit anywhere on that path applies. A directory that is not there (a v1
+    container sees its own cgroup at the mount point) is skipped.
+    """
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    hierarchies = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and not parts[1]:
+            hierarchies.append((parts[2], "", "memory.max", "memory.current"))
+        elif "memory" in parts[1].split(","):
+            hierarchies.append((parts[2], "memory", "memory.limit_in_bytes",
+                                "memory.usage_in_bytes"))
+    if not hierarchies:  # no /proc/self/cgroup: the mount points themselves
+        hierarchies = [("/", "", "memory.max", "memory.current"),
+                       ("/", "memory", "memory.limit_in_bytes", "memory.usage_in_bytes")]
+    found = []
+    for path, mount, limit, usage in hierarchies:
+        names = [n for n in path.strip().split("/") if n and n != "."]
+        if ".." in names:
+            continue
+        for depth in range(len(names), -1, -1):
+            directory = root.joinpath("sys/fs/cgroup", mount, *names[:depth])
+            if directory.is_dir():
+                found.append((directory, "/" + "/".join(names[:depth]), limit, usage))
+    return found
+
+
+def _cgroup_room(root: Path) -> tuple[int, str] | None:
+    """The least room under any memory limit of the process's cgroups, and which cgroup."""
+    rooms = []
+    for directory, path, limit, usage in _own_cgroups(root):
+        top, used = _read_int(directory / limit), _read_int(directory / usage)
         if top is not None and used is not None and top < _CGROUP_UNLIMITED:
-            return max(top - used, 0)
-    return None
+            rooms.append((max(top - used, 0), f"cgroup limit of {path}"))
+    return min(rooms) if rooms else None
 
 
 def available_memory(device: torch.device, root: str | Path = "/") -> tuple[int, bool, str]:
-    """``(bytes the process may take, integrated GPU?, where the figure came from)``."""
+    """``(bytes the process may take, integrated GPU?, where the figure came from)``.
+
+    On a CUDA device this creates the device's CUDA context first (``cudaMemGetInfo``), so
+    what it takes is no longer in the figures read after it.
+    """
     root = Path(root)
     integrated = False
+    device_free = None
     if device.type == "cuda":
+        device_free = int(torch.cuda.mem_get_info(device)[0])
         integrated = bool(getattr(torch.cuda.get_device_properties(device),
                                   "is_integrated", False))
         if not integrated:
-            return int(torch.cuda.mem_get_info(device)[0]), False, "cudaMemGetInfo"
+            return device_free, False, "cudaMemGetInfo"
     figures = []
     meminfo = _meminfo_available(root)
     if meminfo is not None:
         figures.append((meminfo, "MemAvailable"))
     room = _cgroup_room(root)
     if room is not None:
-        figures.append((room, "cgroup limit"))
-    if not figures and device.type == "cuda":
-        figures.append((int(torch.cuda.mem_get_info(device)[0]), "cudaMemGetInfo"))
+        figures.append(room)
+    if not figures and device_free is not None:
+        figures.append((device_free, "cudaMemGetInfo"))
     if not figures:
         raise MemoryPlanError("cannot tell how much memory is available (no /proc/meminfo): "
                               "set kv_cache_memory_mb")
@@ -172,7 +247,7 @@ def available_memory(device: torch.device, root: str | Path = "/") -> tuple[int,
 
 
 def _scratch(mcfg, itemsize: int, max_model_len: int, image_max_pixels: int,
-             quantized: bool, cuda: bool, vision_cache_bytes: int) -> dict:
+             quantized: bool, cuda: bool, integrated: bool, vision_cache_bytes: int) -> dict:
     tc, vc = mcfg.text, mcfg.vision
     q = tc.num_attention_heads * tc.head_dim
     kv = tc.num_key_value_heads * tc.head_dim
@@ -195,6 +270,9 @@ def _scratch(mcfg, itemsize: int, max_model_len: int, image_max_pixels: int,
     if cuda:
         scratch["cublas_workspace"] = CUBLAS_WORKSPACE
         scratch["cuda_graph_pools"] = GRAPH_POOL_BASE + max(DEFAULT_BUCKETS) * per_token
+        scratch["cuda_lazy_modules"] = CUDA_LAZY_MODULES
+        if integrated:  # NVRTC runs in host RAM, which a discrete GPU's free memory is not
+            scratch["nvrtc_compile"] = NVRTC_COMPILE
     return scratch
 
 
@@ -234,7 +312,7 @@ def plan_memory(cfg: EngineConfig, device: torch.device | None = None,
     pixels = _image_max_pixels(cfg)
 
     def scratch_for(max_model_len, quantized):
-        return _scratch(mcfg, itemsize, max_model_len, pixels, quantized, cuda,
+        return _scratch(mcfg, itemsize, max_model_len, pixels, quantized, cuda, integrated,
                         int(cfg.vision_cache_mb * _MIB))
 
     quantized = weight_format != str(dtype).replace("torch.", "")
@@ -258,7 +336,9 @@ def plan_memory(cfg: EngineConfig, device: torch.device | None = None,
         tokens = (cfg.cpu_kv_tokens if device.type == "cpu" and cfg.cpu_kv_tokens
                   else KV_CONVERSATIONS * cfg.max_model_len)
         wanted = math.ceil(tokens / cfg.block_size) * per_block
-        blocks = max(min(wanted, cap) // per_block, 1)
+        # Never under one whole conversation: a share that cannot hold one is refused below
+        # (``needed``), and the max only covers the cap's rounding and a small cpu_kv_tokens.
+        blocks = max(min(wanted, cap), one) // per_block
     plan = MemoryPlan(
         device=str(device), integrated=integrated, available=available,
         available_source=source, weight_format=weight_format, weights=weights,
@@ -272,11 +352,23 @@ def plan_memory(cfg: EngineConfig, device: torch.device | None = None,
 
 
 def _with_advice(plan: MemoryPlan, cfg: EngineConfig, dtype, mcfg, scratch_for) -> MemoryPlan:
-    """``plan`` refused, with the settings that would fit (each alone)."""
+    """``plan`` refused, with the settings that would fit (each alone, or as one pair)."""
     from orin_llm_node.errors import ModelLoadError
 
     per_token = plan.kv_bytes_per_token
-    advice = []
+    # What each token of max_model_len takes: its prefill activations and, unless the pool is
+    # set outright, the room whose share holds its KV.
+    act = scratch_for(1, False)["prefill_activations"]
+    kv_per_token = 0 if plan.kv_explicit else per_token / plan.kv_fraction
+    kv_fixed = plan.kv_wanted if plan.kv_explicit else 0
+
+    def longest(weights, scratch):
+        # The longest max_model_len (whole 256s) that fits beside these, if shorter.
+        fixed = weights + kv_fixed + sum(scratch.values()) - scratch["prefill_activations"]
+        tokens = int((plan.available - fixed) / (kv_per_token + act)) // 256 * 256
+        return tokens if 256 <= tokens < cfg.max_model_len else None
+
+    advice, pair = [], None
     if mcfg.quantization_config is None and cfg.quantization in ("none", "int8"):
         for q in ("int8", "int4"):
             if q == cfg.quantization:
@@ -285,20 +377,27 @@ def _with_advice(plan: MemoryPlan, cfg: EngineConfig, dtype, mcfg, scratch_for) 
                 weights, _, _ = _weights(cfg, dtype, q, mcfg)
             except (ModelLoadError, ValueError):
                 continue
-            kv = plan.needed - plan.weights - plan.scratch_total
-            scratch = sum(scratch_for(cfg.max_model_len, True).values())
-            if weights + kv + scratch <= plan.available:
+            scratch = scratch_for(cfg.max_model_len, True)
+            if weights + plan.kv_required + sum(scratch.values()) <= plan.available:
                 advice.append(f"quantization={q} (weights {_gb(weights)})")
+                pair = None
                 break
-    # A shorter max_model_len shrinks the KV and the prefill activations alike.
-    act_per_token = scratch_for(1, False)["prefill_activations"]
-    fixed = plan.weights + plan.scratch_total - plan.scratch["prefill_activations"]
-    tokens = (plan.available - fixed) // (per_token + act_per_token)
-    tokens = tokens // 256 * 256
-    if 256 <= tokens < cfg.max_model_len:
+            tokens = longest(weights, scratch)
+            if tokens:  # int4 comes last: the longest
+                pair = (tokens, f"quantization={q} with max_model_len={tokens} "
+                                f"(weights {_gb(weights)})")
+    tokens = longest(plan.weights, plan.scratch)
+    if tokens:
         advice.append(f"max_model_len={tokens}")
+    if pair and pair[0] > (tokens or 0) + 256:  # worth the second change
+        advice.append(pair[1])
     room = plan.available - plan.weights - plan.scratch_total
-    if room >= 64 * _MIB and (plan.kv_explicit or room < plan.kv_one_conversation):
+    whole = math.ceil(plan.kv_one_conversation / _MIB)
+    if not plan.kv_explicit and room >= whole * _MIB:
+        # Only the share refused it: a pool of one whole conversation, set outright, fits.
+        advice.append(f"kv_cache_memory_mb={whole} (one whole conversation; "
+                      f"{_gb(room - whole * _MIB)} left to the rest of the robot)")
+    elif room >= 64 * _MIB and (plan.kv_explicit or room < plan.kv_one_conversation):
         advice.append(f"kv_cache_memory_mb={int(room * 0.9 / _MIB)} (conversations longer "
                       f"than {int(room * 0.9) // per_token} tokens drop their oldest turns)")
     return replace(plan, fits=False, would_fit=tuple(advice))

@@ -5,8 +5,14 @@
 With a grammar (``SamplingParams.response_format``) only the tokens its bitmask allows can be
 picked; the CUDA-graph decode applies that mask inside the graph (``ModelRunner``), the eager
 path here.
+
+A draw is Gumbel-max, not ``torch.multinomial``: on CUDA, multinomial over a row with a NaN or
+with nothing allowed is a device-side assert that poisons the CUDA context for the rest of
+the process. Such a row is refused before any draw (``NonFiniteLogits``), and the draw itself
+is an argmax, which cannot assert.
 """
 
+import math
 import secrets
 
 import numpy as np
@@ -14,6 +20,28 @@ import torch
 
 from .config import SamplingParams
 from .structured import apply_bitmask
+
+#: Exponential draws are clamped to this (float32's smallest normal): an exact 0 would make
+#: ``-log`` +inf, and +inf plus a masked -inf is NaN.
+_TINY = float(torch.finfo(torch.float32).tiny)
+
+
+class NonFiniteLogits(RuntimeError):
+    """A step's logits leave no token to pick: NaN or +inf among them, or every one at -inf."""
+
+
+def _check_finite(top: float) -> None:
+    # ``top``: the row's maximum, NaN when any entry is NaN (torch.max propagates it), +inf when
+    # any is +inf, -inf when every token is masked.
+    if math.isnan(top):
+        raise NonFiniteLogits("the model's logits hold NaN (overflow in a float16 or "
+                              "bfloat16 layer, or a broken checkpoint): no token to pick")
+    if top == math.inf:
+        raise NonFiniteLogits("the model's logits hold +inf (overflow in a float16 or "
+                              "bfloat16 layer, or a broken checkpoint): no token to pick")
+    if top == -math.inf:
+        raise NonFiniteLogits("every token is masked at this step (-inf logits): no token "
+                              "to pick")
 
 
 class Sampler:
@@ -50,14 +78,19 @@ class Sampler:
         return self.pick(logits)
 
     def pick(self, logits: torch.Tensor) -> int:
-        """Pick from ``logits`` whose banned (and disallowed) ids are already at -inf."""
+        """Pick from ``logits`` whose banned (and disallowed) ids are already at -inf.
+
+        Raises ``NonFiniteLogits`` (nothing drawn, the generator untouched) when no token can
+        be picked: a NaN or +inf among the allowed logits, or none allowed.
+        """
         p = self.params
+        top = float(logits.max())
+        _check_finite(top)
         if p.greedy:
             return int(torch.argmax(logits))
         # Shifted so the maximum is 0: no +inf or NaN for any temperature SamplingParams allows
         # (config.MIN_TEMPERATURE); softmax and the filters below are shift-invariant.
-        logits = logits.float()
-        logits = (logits - logits.max()) / p.temperature
+        logits = (logits.float() - top) / p.temperature
         if p.top_k and p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -68,8 +101,11 @@ class Sampler:
             drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= p.top_p
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
-        probs = torch.softmax(logits, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        # Gumbel-max: adding -log(E), E ~ Exp(1) from the seeded generator, to each logit and
+        # taking the argmax draws a token with probability softmax(logits) exactly; -inf (a
+        # filtered or masked token) stays -inf, so it is never drawn.
+        noise = torch.empty_like(logits).exponential_(generator=self.generator)
+        return int(torch.argmax(logits - noise.clamp_(min=_TINY).log_()))
 
     def accept(self, token: int) -> None:
         """Advance the grammar (if any) by the token just added to the answer."""
