@@ -28,6 +28,12 @@ class BufferedFrame:
     frame_id: str = ''
     stamped: bool = True
 
+    def describe(self):
+        """The frame as ``response/info`` names an image: its header stamp and frame_id."""
+        return {'stamp': {'sec': self.stamp_ns // 1_000_000_000,
+                          'nanosec': self.stamp_ns % 1_000_000_000},
+                'frame_id': self.frame_id, 'stamped': self.stamped}
+
 
 @dataclass(frozen=True)
 class FrameSizer:
