@@ -4,9 +4,11 @@
 
 The node (tiny checkpoint, ``conversation_mode: single``) has two cameras, ``front`` and
 ``wrist``; this process plays both cameras with stamped frames and checks ``response/info``
-(which frame of which camera, in which order, the stamps' spread, the clip's span) and that
-every answer equals the same engine's answer in this process on the same content: each frame
-introduced by its camera's name, in the listed order.  Budget: ~1-2 min on 2 busy cores.
+(which frame of which camera, in which order, the stamps' spread, the clip's span, a one-frame
+camera's frame in a video request, the newest set kept against a late one, a late frame that
+leaves a full sync queue) and that every answer equals the same engine's answer in this process
+on the same content: each frame introduced by its camera's name, in the listed order.  Budget:
+~1-2 min on 2 busy cores.
 """
 
 import json
@@ -296,6 +298,70 @@ def test_future_stamps_are_refused_on_arrival_per_camera(cams):
     probe.expect_error(lambda: cams.publish('wrist', scene(30), cams.now() + 3600 * 10**9,
                                             'wrist_future'), 'image on wrist rejected')
     assert 'in the future' in probe.errors[-1]
+
+
+def test_a_camera_with_one_frame_in_the_window_gives_it_as_an_image(cams, reference):
+    # Wrist changes its resolution: its ring empties and keeps one frame, so a video request
+    # gets front's clip and wrist's one frame as an image (a clip needs two frames).
+    from orin_llm_node.processing import VideoClip
+    probe = cams.probe
+    cams.stream(2.5, 10.0)
+    cams.stream(1.0, 10.0, names=('front',))
+    wrist = scene(60, 64, 80)
+    stamp = cams.now()
+    cams.publish('wrist', wrist, stamp, 'wrist_resized')
+    probe.spin_for(0.3)
+    info = cams.ask_json({'prompt': 'What changed?', 'video_s': 1.5})
+    assert info['finish_reason'] in ('stop', 'length'), info
+    seen = by_name(info)
+    assert seen['wrist']['video'] is None and seen['wrist']['missing'] is None, info
+    assert seen['wrist']['image']['frame_id'] == 'wrist_resized', info
+    assert ns(seen['wrist']['image']['stamp']) == stamp
+    stamps = [ns(s) for s in seen['front']['video']['stamps']]
+    assert len(stamps) >= 2, info
+    assert ns(info['video']['end']) == stamp, 'the one frame counts in the clips\' span'
+    sizer = FrameSizer.of(reference.prompts)
+    by_stamp = {st: rgb for st, rgb in cams.sent.values()}
+    front = VideoClip([resize_for_model(by_stamp[st], sizer) for st in stamps],
+                      [(st - stamps[0]) / 1e9 for st in stamps])
+    assert info['text'] == expected(reference, ['front: ', front, '\n', 'wrist: ',
+                                                resize_for_model(wrist, sizer), '\n',
+                                                'What changed?'])
+
+
+def test_an_older_set_never_replaces_the_newest(cams):
+    probe = cams.probe
+    probe.spin_for(1.5)                             # earlier frames are far from these stamps
+    t = cams.now() - 1200 * MS
+    for name, offset, tag in (('wrist', 0, 'old'), ('front', 20, 'old'), ('wrist', 1000, 'new'),
+                              ('front', 1010, 'new'), ('wrist', 500, 'late'),
+                              ('front', 505, 'late')):
+        cams.publish(name, scene(70), t + offset * MS, f'{name}_{tag}')
+        probe.spin_for(0.1)
+    probe.spin_for(0.2)
+    # The late pair makes a set too, but an older one: the newest set stays the prompt's.
+    info = probe.ask_info('Which set?')
+    assert [c['image']['frame_id'] for c in info['cameras']] == ['front_new', 'wrist_new'], info
+    assert info['camera_sync']['synchronised'] is True, info
+
+
+def test_a_late_frame_older_than_a_full_sync_queue_is_dropped(cams, node):
+    # Wrist holds a frame at t; front's sync queue fills with newer frames; then front's late
+    # frame at t: older than every queued one, it is dropped, and the node serves on.
+    probe = cams.probe
+    probe.spin_for(0.5)
+    t = cams.now() - 500 * MS
+    cams.publish('wrist', scene(80), t, 'wrist_t')
+    for k in range(12):
+        cams.publish('front', scene(81 + k), t + (200 + 10 * k) * MS, f'front_{k}')
+        probe.spin_for(0.1)                 # each one taken (the subscriptions keep 1 deep)
+    n_err = len(probe.errors)
+    cams.publish('front', scene(99), t, 'front_late')
+    probe.spin_for(0.5)
+    assert node.poll() is None, 'node died:\n' + node.log_path.read_text()[-3000:]
+    info = probe.ask_info('Still there?')
+    assert info['finish_reason'] in ('stop', 'length'), info
+    assert probe.errors[n_err:] == [], 'a late frame is not an error'
 
 
 def test_a_clip_with_zero_frames_is_refused(cams):

@@ -312,7 +312,7 @@ def test_answers_equal_the_engine_and_the_stream_concatenates(probe, reference):
     conv = reference.new_conversation(SYSTEM)
     greedy = SamplingParams(max_tokens=MAX_NEW)
     ref1 = reference.chat(conv, 'What colour is the shape?', images=[rgb], sampling=greedy)
-    ref2 = reference.chat(conv, 'Describe it again.', sampling=greedy)
+    ref2 = reference.chat(conv, 'Describe it again.', images=[rgb], sampling=greedy)
     assert ref2.cached_tokens > 0
 
     now = probe.node.get_clock().now().nanoseconds
@@ -325,8 +325,9 @@ def test_answers_equal_the_engine_and_the_stream_concatenates(probe, reference):
     assert float(probe.generation()[2]['last_image_stamp']) == pytest.approx(now / 1e9)
     assert probe.pool()[2]['prefix_hits'] == '0'
 
-    # A stale newest image (header stamp 1000 s ago): the prompt runs text-only.
-    probe.send_image(probe.image(rgb, stamp_ns=now - 1000 * 10**9))
+    # An image stamped 1000 s earlier arrives (a delayed sample): it never replaces the kept
+    # one, which the follow-up gets again.
+    probe.send_image(probe.image(red_disc(32, 32), stamp_ns=now - 1000 * 10**9))
     answer = probe.ask('Describe it again.')
     assert answer == ref2.text
     assert ''.join(probe.deltas) == answer
@@ -338,8 +339,11 @@ def test_answers_equal_the_engine_and_the_stream_concatenates(probe, reference):
 
 def test_reset_forgets_the_conversation(probe, reference):
     probe.reset()
+    rgb = red_disc(48, 64)
+    probe.send_image(probe.image(rgb, stamp_ns=probe.node.get_clock().now().nanoseconds))
     conv = reference.new_conversation(SYSTEM)
-    ref = reference.chat(conv, 'Hello again.', sampling=SamplingParams(max_tokens=MAX_NEW))
+    ref = reference.chat(conv, 'Hello again.', images=[rgb],
+                         sampling=SamplingParams(max_tokens=MAX_NEW))
     assert probe.ask('Hello again.') == ref.text
     probe.reset()
     reference.reset(conv)
@@ -367,7 +371,11 @@ def test_runtime_parameters_and_bad_inputs(probe, reference):
         msg.data = array.array('B', data)
         return msg
 
+    # The first case leaves the camera without a kept frame (the worker could not decode the
+    # newest one), so the frames refused after it leave the prompts text-only.
     cases = [
+        # Passes the header checks, fails when the worker decodes it for the prompt.
+        (compressed(png_header_only(64, 48), 'png'), 'could not be decoded'),
         (raw('hsv8', bytes(w * h * 3)), 'unsupported image encoding'),
         (raw('rgb8', bytes(w * h * 3 - 1)), 'too short'),
         (raw('rgb8', b'', width=0, height=0, step=0), 'zero-size'),
@@ -376,14 +384,14 @@ def test_runtime_parameters_and_bad_inputs(probe, reference):
         (compressed(b'definitely not a jpeg'), 'magic'),
         (compressed(b'\xff\xd8\xff\xe0' + bytes(64)), 'header could not be read'),
         (compressed(png_bomb(300, 1), 'png'), 'aspect ratio 300.0'),
-        # Passes the header checks, fails when the worker decodes it for the prompt.
-        (compressed(png_header_only(64, 48), 'png'), 'could not be decoded'),
     ]
     for i, (msg, needle) in enumerate(cases):
         text = f'Still there {i}?'
         if needle == 'could not be decoded':
-            # Stamped just after a good frame, it is not due for a camera's video ring
-            # (video_fps), which would decode it on arrival: the worker decodes it.
+            # Stamped just after a good frame due for the camera's video ring (over a period
+            # after the last frame), it is not due itself (video_fps), so it is not decoded on
+            # arrival (and refused there): it is kept, and the worker decodes it.
+            probe.spin_for(1.0)
             now = probe.node.get_clock().now().nanoseconds
             probe.send_image(probe.image(red_disc(), stamp_ns=now))
             later = now + 10**8
@@ -398,7 +406,10 @@ def test_runtime_parameters_and_bad_inputs(probe, reference):
             answer = probe.ask(text)
         assert answer == reference.chat(conv, text, sampling=greedy).text, needle
     probe.expect_error(lambda: probe.pub_prompt.publish(String(data='   ')), 'empty prompt')
-    assert probe.ask('Last one.') == reference.chat(conv, 'Last one.', sampling=greedy).text
+    last = probe.ask_info('Last one.')
+    assert last['text'] == reference.chat(conv, 'Last one.', sampling=greedy).text
+    # The last frame received was refused, and the prompt says so.
+    assert last['no_image'].startswith('image rejected: image aspect ratio 300.0'), last
     assert int(probe.generation()[2]['errors']) >= len(cases)
     probe.reset()
     reference.reset(conv)
@@ -473,12 +484,65 @@ def test_use_sim_time_ages_images_on_the_ros_clock(probe):
     probe.ask('Colour?')
     probe.spin_until(lambda: probe.generation()[2]['last_image_stamp'] == '995', EVENT_TIMEOUT,
                      'the sim-time image paired')
-    # 100 s old on the simulated clock: stale, answered text-only.
-    probe.send_image(probe.image(red_disc(), stamp_ns=sim - 100 * 10**9))
-    probe.ask('Colour now?')
-    probe.spin_for(0.6)
-    assert probe.generation()[2]['last_image_stamp'] == '995'
+    # 100 s on, the image is 105 s old on the simulated clock: stale, answered text-only.
+    for _ in range(5):
+        probe.pub_clock.publish(Clock(clock=Time(sec=sim // 10**9 + 100)))
+        probe.spin_for(0.1)
+    info = probe.ask_info('Colour now?')
+    assert info['image'] is None and info['no_image'].startswith('newest image is 105'), info
     probe.set_params(use_sim_time=False, max_new_tokens=MAX_NEW)
+    probe.reset()
+
+
+def stamp_ns(stamp):
+    return stamp['sec'] * 10**9 + stamp['nanosec']
+
+
+def test_an_older_frame_never_replaces_the_kept_one(probe):
+    probe.reset()
+    probe.set_params(max_new_tokens=1)
+    now = probe.node.get_clock().now().nanoseconds
+    probe.send_image(probe.image(red_disc(), stamp_ns=now))
+    # A delayed sample of an older scene arrives after it: skipped, as out-of-order frames are.
+    probe.send_image(probe.image(red_disc(48, 48), stamp_ns=now - 10**9))
+    info = probe.ask_info('Which frame?')
+    assert stamp_ns(info['image']['stamp']) == now and info['no_image'] is None, info
+    probe.set_params(max_new_tokens=MAX_NEW)
+    probe.reset()
+
+
+def test_every_reason_for_no_image_is_true(probe):
+    # On a simulated clock: a kept frame from ahead of the clock (the wall clock's, before
+    # the switch) gives way; a refused frame never replaces the kept one; a stale one is said
+    # stale, with the refused frame after it.
+    probe.reset()
+    probe.send_image(probe.image(red_disc(), stamp_ns=probe.node.get_clock().now().nanoseconds))
+    assert all(r.successful for r in probe.set_params(use_sim_time=True, max_new_tokens=1))
+    sim = 2000 * 10**9
+
+    def clock(ns):
+        for _ in range(5):
+            probe.pub_clock.publish(Clock(clock=Time(sec=ns // 10**9, nanosec=ns % 10**9)))
+            probe.spin_for(0.1)
+
+    try:
+        clock(sim)
+        probe.send_image(probe.image(red_disc(), stamp_ns=sim - 10**9))
+        assert stamp_ns(probe.ask_info('Kept?')['image']['stamp']) == sim - 10**9
+        probe.expect_error(lambda: probe.send_image(probe.image(
+            red_disc(), stamp_ns=sim + 5 * 10**9)), 'in the future')
+        info = probe.ask_info('Still kept?')
+        assert stamp_ns(info['image']['stamp']) == sim - 10**9, info
+        clock(sim + 100 * 10**9)
+        probe.expect_error(lambda: probe.send_image(probe.image(red_disc(1, 300))),
+                           'aspect ratio 300.0')
+        info = probe.ask_info('And now?')
+        assert info['image'] is None, info
+        assert info['no_image'].startswith(
+            'newest image is 101.0 s old (> image_max_age_s 30 s); the last frame received was '
+            'rejected: image aspect ratio 300.0'), info
+    finally:
+        probe.set_params(use_sim_time=False, max_new_tokens=MAX_NEW)
     probe.reset()
 
 
@@ -500,10 +564,13 @@ def test_image_bomb_and_bad_images_are_refused_on_arrival(probe, node):
                         (probe.image(red_disc(1, 300)), 'aspect ratio 300.0'),
                         (probe.image(red_disc(), stamp_ns=probe.node.get_clock().now().nanoseconds
                                      + 3600 * 10**9), 'in the future')):
-        probe.send_image(probe.image(red_disc()))          # a good image first: then refused
+        good = probe.node.get_clock().now().nanoseconds
+        probe.send_image(probe.image(red_disc(), stamp_ns=good))     # a good image first
         probe.expect_error(lambda m=msg: probe.send_image(m), needle)
         info = probe.ask_info(f'After {needle}?')
-        assert info['image'] is None and info['no_image'] == 'no image received yet', info
+        # The refused image never replaces the good one: the prompt still gets it.
+        assert info['image'] is not None and stamp_ns(info['image']['stamp']) == good, info
+        assert info['no_image'] is None, info
         assert info['finish_reason'] in ('stop', 'length') and info['text'] is not None
     assert memory_mb(node, 'VmHWM') - idle < 200, 'the bomb was decoded'
     probe.set_params(max_new_tokens=MAX_NEW)

@@ -12,6 +12,7 @@ antialias=True, align_corners=False)`` on the uint8 tensor itself (torchvision's
 """
 
 from dataclasses import replace
+from fractions import Fraction
 import types
 
 from _engine_reference import QWEN3VL_VIDEO, Reference, random_image
@@ -137,6 +138,66 @@ def test_frame_sampling_matches_reference(ref, vp, n, source_fps):
         reference_processor_ns(ref.video_config), meta, fps=ref.video_config["fps"])
     got = vp.sample_indices([i / source_fps for i in range(n)])
     np.testing.assert_array_equal(got, want)
+
+
+# Clock origins: 0, 100 s, 17.25 s and a ROS epoch stamp (integer nanoseconds).
+ORIGINS_NS = (0, 100 * 10**9, 17_250_000_000, 1_795_434_880_289_015_975)
+# Source rates denser than the sampling fps (2), with periods of whole nanoseconds or not; at
+# 2.2 fps the reference's own float division gives 29 frames of 33 (int(29.999999999999996)).
+RATES = {"2.2": False, "2.5": True, "3": False, "5": True, "7": False, "10": True,
+         "12.5": True, "29.97": False, "30": False, "60": False}
+
+
+def clip_stamps(origin_ns, n, rate):
+    """The stamps (seconds) of ``n`` frames at ``rate`` from ``origin_ns``, three ways.
+
+    ``exact``: rationals; ``ns``: rounded to whole nanoseconds, as a ROS header holds them
+    (``Fraction(stamp_ns, 10**9)``); ``float``: the nearest floats.
+    """
+    exact = [Fraction(origin_ns, 10**9) + i / Fraction(rate) for i in range(n)]
+    return {"exact": exact, "ns": [Fraction(round(t * 10**9), 10**9) for t in exact],
+            "float": [float(t) for t in exact]}
+
+
+@pytest.mark.parametrize("origin_ns", ORIGINS_NS)
+def test_frame_sampling_does_not_depend_on_the_clocks_origin(ref, vp, origin_ns):
+    # Against the reference given the clip's rate: the same frames for a clip stamped anywhere,
+    # as exact rationals, ROS nanoseconds or floats; and the same <t seconds> for exact stamps
+    # and whole-nanosecond periods.  (The times are printed to 0.1 s: where a group's time is
+    # exactly halfway, x.x5, a stamp's own rounding -- a float far from 0, a period of 1/60 s
+    # in nanoseconds -- decides the digit, as the reference's float division decides it.)
+    cfg = ref.video_config
+    f = random_image(3, 32, 32)
+    for rate, whole_ns in RATES.items():
+        for n in range(2, 64):
+            meta = VideoMetadata(total_num_frames=n, fps=float(rate))
+            want = QWEN3VL_VIDEO.Qwen3VLVideoProcessor.sample_frames(
+                reference_processor_ns(cfg), meta, fps=cfg["fps"])
+            want_times = [f"{t:.1f}" for t in Qwen3VLProcessor._calculate_timestamps(
+                None, want, float(rate), cfg["temporal_patch_size"])]
+            for kind, stamps in clip_stamps(origin_ns, n, rate).items():
+                clip = VideoClip([f] * n, stamps)
+                got = vp.sample_indices(clip.timestamps)
+                assert got.tolist() == want.tolist(), (rate, n, kind)
+                if kind == "exact" or (kind == "ns" and whole_ns):
+                    _, times, _ = vp.layout(VideoClip([f] * len(got),
+                                                      [clip.timestamps[i] for i in got]))
+                    assert [f"{t:.1f}" for t in times] == want_times, (rate, n, kind)
+
+
+def test_the_clips_that_lost_a_frame_far_from_0(ref, vp):
+    # 10 frames at 2.5 fps from t = 100 s, 20 at 5 fps on ROS epoch stamps: int() of a float
+    # span took 7.99999... for 8 frames.
+    cfg = ref.video_config
+    for origin_ns, n, rate in ((100 * 10**9, 10, "2.5"), (ORIGINS_NS[-1], 20, "5")):
+        meta = VideoMetadata(total_num_frames=n, fps=float(rate))
+        want = QWEN3VL_VIDEO.Qwen3VLVideoProcessor.sample_frames(
+            reference_processor_ns(cfg), meta, fps=cfg["fps"])
+        assert len(want) == 8
+        for stamps in clip_stamps(origin_ns, n, rate).values():
+            np.testing.assert_array_equal(vp.sample_indices(stamps), want)
+    clip = moving_clip(1, 10, 32, 32, fps=2.5, start=100.0)      # floats: 100 + i / 2.5
+    assert len(vp.resize(clip)) == 8
 
 
 def test_jittered_clip_at_the_sampling_rate_keeps_every_frame(vp):

@@ -6,7 +6,9 @@ Every step mirrors the reference (transformers 5.23.0 ``Qwen3VLVideoProcessor`` 
 
 * frames are sampled at ``fps`` with the reference's rule (``int(n / source_fps * fps)`` frames,
   at least ``min_frames``, at most ``max_frames`` and ``n``, picked at
-  ``linspace(0, n - 1, k).round()``); a clip no denser than ``fps`` is used as it is;
+  ``linspace(0, n - 1, k).round()``); a clip no denser than ``fps`` is used as it is.  The
+  source rate is the clip's own, from its stamps in exact arithmetic (``fractions.Fraction``),
+  so the clock's origin never changes which frames are taken;
 * the size comes from the video ``smart_resize``: its pixel bounds are for the *whole clip*
   (``frames x height x width``), not one frame;
 * the resize is torchvision's tensor resize on the CPU, which is
@@ -24,9 +26,11 @@ The clip keeps only what a re-prefill needs: the sampled frames at the size the 
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 import hashlib
 import json
 import math
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +42,36 @@ from orin_llm_node.processing.image import MAX_ASPECT_RATIO
 
 __all__ = ["ProcessedVideo", "VideoClip", "VideoProcessor", "video_key", "video_smart_resize"]
 
+#: How well a stamp is known at best: to the nanosecond, ROS's resolution (a camera driver
+#: rounds or truncates to it).
+STAMP_RESOLUTION_S = Fraction(1, 10**9)
+
+
+def exact_seconds(values: Sequence) -> tuple[Fraction, ...]:
+    """``values`` (seconds: ints, floats, Fractions, numpy scalars) as exact Fractions.
+
+    A float is taken at its exact binary value; ``Fraction(stamp_ns, 10**9)`` keeps a ROS stamp
+    exact however far its clock is from 0.  ``ValueError`` for a non-number or a non-finite one.
+    """
+    values = list(values)
+    try:
+        floats = [float(t) for t in values]
+    except (TypeError, ValueError):
+        raise ValueError("video timestamps must be numbers (seconds)") from None
+    if not all(math.isfinite(f) for f in floats):
+        raise ValueError(f"video timestamps must be finite, got {tuple(floats)}")
+    return tuple(Fraction(t) if isinstance(t, numbers.Rational) else Fraction(f)
+                 for t, f in zip(values, floats, strict=True))
+
+
+def stamp_slack(t: Fraction) -> Fraction:
+    """How far the true time of a stamp ``t`` may be from it (seconds).
+
+    Half a nanosecond, or half the spacing of floats there where that is coarser (a float of a
+    stamp far from 0).
+    """
+    return max(STAMP_RESOLUTION_S, Fraction(math.ulp(float(t)))) / 2
+
 
 @dataclass(frozen=True, eq=False)
 class VideoClip:
@@ -45,8 +79,9 @@ class VideoClip:
     A short clip: RGB uint8 ``H x W x 3`` frames (all the same size) and their times in seconds.
 
     ``timestamps`` increase strictly (any clock: only differences are used; the prompt shows
-    each temporal group's time since the first frame). Invalid clips raise ``ValueError``
-    naming the problem.
+    each temporal group's time since the first frame); they are kept exact (``Fraction``, see
+    :func:`exact_seconds`: pass ``Fraction(stamp_ns, 10**9)`` for ROS stamps). Invalid clips
+    raise ``ValueError`` naming the problem.
     """
 
     frames: Sequence[np.ndarray]
@@ -69,19 +104,14 @@ class VideoClip:
                 raise ValueError(
                     f"video frames have mixed sizes: frame 0 is {frames[0].shape[1]}x"
                     f"{frames[0].shape[0]}, frame {i} is {f.shape[1]}x{f.shape[0]}")
-        try:
-            times = tuple(float(t) for t in self.timestamps)
-        except (TypeError, ValueError):
-            raise ValueError("video timestamps must be numbers (seconds)") from None
+        times = exact_seconds(self.timestamps)
         if len(times) != len(frames):
             raise ValueError(f"video clip has {len(frames)} frames but {len(times)} timestamps")
-        if not all(math.isfinite(t) for t in times):
-            raise ValueError(f"video timestamps must be finite, got {times}")
         for i in range(1, len(times)):
             if times[i] <= times[i - 1]:
                 raise ValueError(
-                    f"video timestamps must increase: frame {i} at {times[i]} s follows "
-                    f"{times[i - 1]} s")
+                    f"video timestamps must increase: frame {i} at {float(times[i])} s follows "
+                    f"{float(times[i - 1])} s")
         object.__setattr__(self, "frames", frames)
         object.__setattr__(self, "timestamps", times)
 
@@ -255,20 +285,34 @@ class VideoProcessor:
         hi = min(int(max_pixels), self.max_pixels)
         return replace(self, max_pixels=hi, min_pixels=min(self.min_pixels, hi))
 
-    def sample_indices(self, timestamps: Sequence[float]) -> np.ndarray:
+    def sample_indices(self, timestamps: Sequence) -> np.ndarray:
         """Indices of the frames the reference samples from a clip with these timestamps.
 
-        The source rate is the clip's mean rate, ``(n - 1) / (last - first)``.
+        The source rate is the clip's mean rate, ``(n - 1) / (last - first)``, in exact
+        arithmetic on the stamps (:func:`exact_seconds`).
         """
-        n = len(timestamps)
-        span = timestamps[-1] - timestamps[0]
-        rate = (n - 1) / span if n > 1 else self.fps
-        if rate <= self.fps * self.RATE_TOLERANCE:
-            num = n
-        else:
-            num = int(n / rate * self.fps)
+        times = exact_seconds(timestamps)
+        n = len(times)
+        num = n if n < 2 else self._frame_count(n, times[0], times[-1])
         num = min(max(num, self.min_frames), self.max_frames, n)
         return np.linspace(0, n - 1, num).round().astype(int)
+
+    def _frame_count(self, n: int, first: Fraction, last: Fraction) -> int:
+        """The reference's ``int(n / video_fps * fps)`` for a clip of ``n`` frames."""
+        span = last - first
+        rate = (n - 1) / span
+        if rate <= self.fps * self.RATE_TOLERANCE:
+            return n
+        # The stamps are only known to their slack: where a span within it gives a whole count
+        # (n / rate * fps), that rate is the clip's, so a stamp's rounding (a float far from 0,
+        # a nanosecond) never costs a frame.  The count itself is the reference's float
+        # expression on that rate, its rounding included.
+        slack = stamp_slack(first) + stamp_slack(last)
+        fps = Fraction(self.fps)
+        whole = math.floor(n * fps * (span + slack) / (n - 1))
+        if whole >= 1 and whole >= n * fps * (span - slack) / (n - 1):
+            rate = n * fps / whole
+        return int(n / float(rate) * self.fps)
 
     def target_size(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
         """``(height, width)`` every frame of a ``num_frames``-frame clip is resized to."""
@@ -307,7 +351,8 @@ class VideoProcessor:
         Group times count from the clip's first frame (sampling always keeps it).
         """
         tp, p, m = self.temporal_patch_size, self.patch_size, self.merge_size
-        times = [t - clip.timestamps[0] for t in clip.timestamps]
+        # Exact differences, rounded once: the reference's idx / video_fps for an even clip.
+        times = [float(t - clip.timestamps[0]) for t in clip.timestamps]
         times.extend([times[-1]] * (-len(times) % tp))  # the padded frames repeat the last
         group_times = tuple((times[i] + times[i + tp - 1]) / 2 for i in range(0, len(times), tp))
         h, w = clip.size

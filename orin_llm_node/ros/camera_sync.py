@@ -7,7 +7,8 @@ node pairs frames the way any other ROS tool would; message_filters is not on Py
 policy is restated here, without rclpy (stamps are integer nanoseconds):
 
 * each camera keeps a queue of its ``queue_size`` newest frames, keyed by stamp (a second frame
-  with the same stamp replaces the first; the oldest stamp goes when the queue overflows);
+  with the same stamp replaces the first; the oldest stamp goes when the queue overflows, and
+  when that is the arriving frame itself, a late one, it is dropped: no set);
 * when a frame arrives, every *other* camera's frames within ``slop`` of its stamp are the
   candidates, nearest first; a camera with no candidate means no set;
 * the candidates' combinations are tried in that order (the product of the nearest-first lists)
@@ -40,6 +41,10 @@ class ApproximateSync:
         queue[stamp_ns] = item
         while len(queue) > self.queue_size:
             del queue[min(queue)]
+        if stamp_ns not in queue:
+            # Older than every frame of a full queue: trimmed at once.  message_filters drops it
+            # the same way (a set needs each of its stamps still queued).
+            return None
         candidates = []
         for other, q in enumerate(self.queues):
             if other == index:

@@ -28,6 +28,12 @@ class BufferedFrame:
     frame_id: str = ''
     stamped: bool = True
 
+    def describe(self):
+        """The frame as ``response/info`` names an image: its header stamp and frame_id."""
+        return {'stamp': {'sec': self.stamp_ns // 1_000_000_000,
+                          'nanosec': self.stamp_ns % 1_000_000_000},
+                'frame_id': self.frame_id, 'stamped': self.stamped}
+
 
 @dataclass(frozen=True)
 class FrameSizer:
@@ -78,7 +84,9 @@ class FrameRing:
     """The newest ``ceil(fps * seconds)`` frames of one camera, one per ``1 / fps`` at most.
 
     Frames are kept on a grid of ``1 / fps`` (a frame up to a tenth of a period early counts,
-    so a 30 Hz camera gives exactly ``fps`` frames a second, not a beat of it); a frame whose
+    so a 30 Hz camera gives exactly ``fps`` frames a second, not a beat of it); a frame kept more
+    than half a period after its slot (the camera paused, frames were lost) starts the grid
+    again from itself, so two kept frames are never closer than ``0.4 / fps``.  A frame whose
     stamp is not newer than the last kept one (out of order, or the same frame again through a
     second subscription) is skipped.  A frame of another size than the ones held (the camera
     changed its resolution) empties the ring first, so a clip never mixes sizes.
@@ -117,9 +125,12 @@ class FrameRing:
             self.resets += 1
         rgb.flags.writeable = False     # shared with the clips handed out
         self._frames.append(BufferedFrame(stamp_ns, rgb, frame_id, stamped))
-        # The next frame is due one period after this one was due; after a gap, after this one.
-        due = self._due_ns + self.period_ns if self._due_ns is not None else None
-        self._due_ns = due if due is not None and stamp_ns < due else stamp_ns + self.period_ns
+        # The next frame is due one period after this one was due.  A frame more than half a
+        # period late is nearer the next slot than its own: kept on the old grid, that slot's
+        # frame could follow it by a single camera period, so the grid restarts from it.
+        due = self._due_ns
+        late = due is None or stamp_ns >= due + self.period_ns // 2
+        self._due_ns = (stamp_ns if late else due) + self.period_ns
         return True
 
     def clip(self, start_ns, end_ns):

@@ -4,7 +4,7 @@
 
 Per camera (parameter ``image_topics``): its subscriptions, the newest frame, its video ring
 (frame_ring.py) and blindness (blind_camera.py); across cameras, the newest approximate-time set
-(camera_sync.py).
+(camera_sync.py); what a prompt gets from them is camera_views.py's records.
 
 Runs on the executor (callbacks and a 1 s timer); prompts take their frames here on the
 executor too (:meth:`ImageIntake.take`), and the worker only drops a frame it could not decode
@@ -21,9 +21,10 @@ from sensor_msgs.msg import CompressedImage, Image
 from orin_llm_node.ros import ros_image
 from orin_llm_node.ros.blind_camera import BlindWatch
 from orin_llm_node.ros.camera_sync import ApproximateSync
+from orin_llm_node.ros.camera_views import FRAME_ID_CHARS, CameraView, PendingImage
 from orin_llm_node.ros.frame_ring import FrameRing, resize_for_model
 from orin_llm_node.ros.parameters import camera_topics
-from orin_llm_node.ros.refusals import clip
+from orin_llm_node.ros.refusals import REASON_CHARS, clip
 
 try:                                    # Iron and later
     from rclpy.event_handler import SubscriptionEventCallbacks
@@ -32,62 +33,9 @@ except ImportError:                     # Humble
 
 # Header stamps further ahead of our clock than this are refused (clock skew, bad drivers).
 FUTURE_TOLERANCE_S = 1.0
-# A frame_id is repeated in response/info cut to this length (it is the sender's text).
-FRAME_ID_CHARS = 128
 # Frames per camera the synchroniser holds while waiting for the other cameras (the queue size
 # message_filters users usually give; about 0.3 s of a 30 Hz camera).
 SYNC_QUEUE_SIZE = 10
-
-
-@dataclass
-class PendingImage:
-    """A camera's frame as received (decoded on the worker only if a prompt takes it)."""
-
-    msg: object
-    compressed: bool
-    stamp_ns: int               # header stamp, else receive time (ROS clock)
-    stamped: bool
-
-    def describe(self):
-        """The image as named in ``response/info``: its header stamp and frame_id."""
-        return {'stamp': {'sec': self.msg.header.stamp.sec,
-                          'nanosec': self.msg.header.stamp.nanosec},
-                'frame_id': clip(self.msg.header.frame_id, FRAME_ID_CHARS),
-                'stamped': self.stamped}
-
-    def rgb(self):
-        """The pixels as ``HxWx3`` RGB; :class:`ros_image.ImageConversionError` if unusable."""
-        if self.compressed:
-            return ros_image.compressed_to_rgb(self.msg)
-        return ros_image.image_to_rgb(self.msg)
-
-
-@dataclass
-class CameraView:
-    """What one camera gives one prompt: a frame, or a clip (video), or why neither."""
-
-    name: str
-    image: PendingImage | None = None
-    clip: list | None = None        # frame_ring.BufferedFrame, oldest first
-    missing: str = ''               # why the camera is left out (said in response/info)
-
-
-@dataclass
-class Request:
-    """One queued prompt and what each camera gave it when it arrived."""
-
-    request_id: int
-    text: str
-    views: list = field(default_factory=list)      # CameraView per camera, in listed order
-    received_ns: int = 0
-    synchronised: bool = True       # the frames are one approximate-time set (or one camera)
-    video_s: float = 0.0            # the clip's length asked for (0: single frames)
-    envelope: dict | None = None    # prompt/json: the checked keys (request_envelope.KEYS)
-
-    @property
-    def image(self):
-        """The first camera's frame (the only one in the default one-camera set-up)."""
-        return self.views[0].image if self.views else None
 
 
 @dataclass
@@ -100,6 +48,7 @@ class Camera:
     subscriptions: list = field(default_factory=list)
     newest: PendingImage | None = None
     watch: BlindWatch = field(default_factory=BlindWatch)
+    refused: str = ''                       # why its last frame was refused ('' = it was not)
 
     def topics(self):
         """Its resolved (namespaced, remapped) topic names."""
@@ -193,6 +142,7 @@ class ImageIntake:
             if video_s > 0:
                 return self._clips(now_ns, max_age_s, video_s), True
             newest = [camera.newest for camera in self.cameras]
+            refused = [camera.refused for camera in self.cameras]
             synced = self._synced
         if len(self.cameras) > 1 and synced is not None and not any(
                 self._stale(image, now_ns, max_age_s) for _, image in synced):
@@ -200,11 +150,21 @@ class ImageIntake:
         else:
             frames, synchronised = newest, len(self.cameras) == 1
         views = []
-        for camera, image in zip(self.cameras, frames, strict=True):
-            why = 'no image received yet' if image is None else self._stale(image, now_ns,
-                                                                                max_age_s)
+        for camera, image, last_refused in zip(self.cameras, frames, refused, strict=True):
+            why = self._missing(image, last_refused, now_ns, max_age_s)
             views.append(CameraView(camera.name, image=None if why else image, missing=why))
         return views, synchronised
+
+    @classmethod
+    def _missing(cls, image, refused, now_ns, max_age_s):
+        # Why a camera's kept frame is not paired ('' = it is), naming the refused frame after
+        # it if there was one.
+        if image is None:
+            return f'image rejected: {refused}' if refused else 'no image received yet'
+        stale = cls._stale(image, now_ns, max_age_s)
+        if stale and refused:
+            return f'{stale}; the last frame received was rejected: {refused}'
+        return stale
 
     @classmethod
     def _stale(cls, image, now_ns, max_age_s):
@@ -228,6 +188,12 @@ class ImageIntake:
         for camera in self.cameras:
             clip = [] if end is None or stale else camera.ring.clip(
                 end - round(video_s * 1e9), end)
+            if len(clip) == 1:
+                # One frame in the window (a slow camera, a ring just emptied by a new
+                # resolution, a window shorter than 1 / video_fps): a clip needs two (one
+                # temporal patch), so the camera gives it as an image.
+                views.append(CameraView(camera.name, frame=clip[0]))
+                continue
             if camera.ring.capacity == 0 or self._processor is None:
                 why = 'no video frames are kept (video_buffer_s is 0)'
             elif not len(camera.ring):
@@ -239,12 +205,12 @@ class ImageIntake:
             views.append(CameraView(camera.name, clip=clip or None, missing='' if clip else why))
         return views
 
-    def forget(self, pending):
-        """Stop pairing ``pending`` with prompts (the worker could not decode it)."""
+    def forget(self, pending, why):
+        """Stop pairing ``pending`` with prompts (the worker could not decode it: ``why``)."""
         with self._lock:
             for camera in self.cameras:
                 if camera.newest is pending:
-                    camera.newest = None
+                    camera.newest, camera.refused = None, why
             if self._synced is not None and any(i is pending for _, i in self._synced):
                 self._synced = None
 
@@ -255,49 +221,64 @@ class ImageIntake:
         return self.node.get_clock().now().nanoseconds, False
 
     def _accept(self, camera, msg, compressed):
-        """Keep ``msg`` as the camera's newest frame if every check on its headers passes."""
+        """Keep ``msg`` as the camera's newest frame if every check on its headers passes.
+
+        A refused frame, or one not newer than the kept one (a delayed sample, the reliable
+        twin of the same frame), never replaces the kept one.
+        """
         self._frame_arrived(camera, len(msg.data), camera.topic(compressed))
         stamp, stamped = self._stamp_ns(msg.header)
+        now = self.node.get_clock().now().nanoseconds
         topic = camera.name + ('/compressed' if compressed else '')
+        pending = PendingImage(msg, compressed, stamp, stamped)
         try:
             # Headers only: every check the engine's image processor would make, and the size
             # of a compressed image from its header (decoded here only when due for the video
             # ring, below).
             (ros_image.check_compressed if compressed else ros_image.check_image)(msg)
-            ahead = (stamp - self.node.get_clock().now().nanoseconds) / 1e9
+            ahead = (stamp - now) / 1e9
             if ahead > FUTURE_TOLERANCE_S:
                 raise ros_image.ImageConversionError(
                     f'stamp is {ahead:.1f} s in the future (clocks out of sync?)', 'future')
-        except ros_image.ImageConversionError as exc:
-            # Refused once, here: the prompts after it do without this camera.
             with self._lock:
-                camera.newest = None
+                due = self._processor is not None and camera.ring.wants(stamp)
+            # Only frames due on the video_fps grid are decoded here, and resized once, now.
+            rgb = resize_for_model(pending.rgb(), self._processor) if due else None
+        except ros_image.ImageConversionError as exc:
+            with self._lock:
+                camera.refused = clip(exc, REASON_CHARS)
             self.node.refuse_image(topic, exc)
             return
-        pending = PendingImage(msg, compressed, stamp, stamped)
         with self._lock:
-            camera.newest = pending
+            camera.refused = ''
+            kept = camera.newest
+            if self._replaces(None if kept is None else [(kept.stamp_ns, kept)],
+                              [(stamp, pending)], now):
+                camera.newest = pending
             if len(self.cameras) > 1:
                 found = self._sync.add(camera.index, stamp, pending)
-                if found is not None:
+                if found is not None and self._replaces(self._synced, found, now):
                     self._synced = found
-            keep = self._processor is not None and camera.ring.wants(stamp)
-        if keep:
-            self._keep_for_video(camera, pending, topic)
+            if rgb is not None:
+                camera.ring.offer(stamp, lambda: rgb, clip(msg.header.frame_id, FRAME_ID_CHARS),
+                                  stamped)
+        if rgb is not None:
+            self._report_memory()
 
-    def _keep_for_video(self, camera, pending, topic):
-        # Only frames due on the video_fps grid get here: decoded and resized once, now.
-        try:
-            rgb = resize_for_model(pending.rgb(), self._processor)
-        except ros_image.ImageConversionError as exc:
-            with self._lock:
-                camera.newest = None
-            self.node.refuse_image(topic, exc)
-            return
-        with self._lock:
-            camera.ring.offer(pending.stamp_ns, lambda: rgb, pending.msg.header.frame_id,
-                              pending.stamped)
-        self._report_memory()
+    @staticmethod
+    def _replaces(kept, arrived, now_ns):
+        """Whether the frames ``arrived`` replace the ``kept`` ones (None: nothing kept).
+
+        Both are ``(stamp_ns, item)`` pairs, one frame or one synchronised set.  Only newer
+        frames do: a delayed sample never brings an older scene back.  Frames kept from ahead
+        of the clock (it jumped back: a bag replayed from its start with use_sim_time) would
+        shut out every new one, so they go.
+        """
+        if kept is None:
+            return True
+        kept_ns = max(s for s, _ in kept)
+        return (max(s for s, _ in arrived) > kept_ns
+                or kept_ns - now_ns > FUTURE_TOLERANCE_S * 1e9)
 
     def _report_memory(self):
         with self._lock:

@@ -22,8 +22,9 @@ from std_srvs.srv import Trigger
 
 from orin_llm_node.jetson_power import read_power_state
 from orin_llm_node.ros import parameters
+from orin_llm_node.ros.camera_views import Request
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
-from orin_llm_node.ros.intake import ImageIntake, Request
+from orin_llm_node.ros.intake import ImageIntake
 from orin_llm_node.ros.refusals import REASON_CHARS, RefusalLimiter, clip, preview
 from orin_llm_node.ros.request_envelope import EnvelopeError, parse_envelope
 from orin_llm_node.ros.worker import Worker, cameras_info

@@ -12,6 +12,7 @@ publishing methods.
 
 from collections import deque
 import dataclasses
+from fractions import Fraction
 import threading
 import time
 import traceback
@@ -32,8 +33,9 @@ def cameras_info(request):
 
     ``cameras``: per camera, in listed order, its frame (stamp, frame_id) or its clip (frames,
     first and last stamp, span) or why it was left out; ``camera_sync``: whether the frames
-    are one approximate-time set and how far apart their stamps are; ``video``: the clips'
-    time span (null for single frames).
+    are one approximate-time set and how far apart their stamps are; ``video``: the time span
+    of the frames a video request gave (clips, and one-frame cameras' frames; null for single
+    frames).
     """
     cameras, stamps, clip_stamps = [], [], []
     for view in request.views:
@@ -46,6 +48,9 @@ def cameras_info(request):
                               'span_s': round((last.stamp_ns - first.stamp_ns) / 1e9, 6),
                               'size': list(first.rgb.shape[:2])}
             clip_stamps += [first.stamp_ns, last.stamp_ns]
+        elif view.frame is not None:        # a video request's camera with one frame
+            entry['image'] = view.frame.describe()
+            clip_stamps.append(view.frame.stamp_ns)
         elif view.image is not None:
             entry['image'] = view.image.describe()
             stamps.append(view.image.stamp_ns)
@@ -289,16 +294,20 @@ class Worker:
         for view in request.views:
             if view.clip:
                 from orin_llm_node.processing import VideoClip
-                first = view.clip[0].stamp_ns
+                # Exact stamps: which frames the clip keeps never depends on the clock's origin.
                 used.append((view, VideoClip([f.rgb for f in view.clip],
-                                             [(f.stamp_ns - first) / 1e9 for f in view.clip])))
+                                             [Fraction(f.stamp_ns, 10**9) for f in view.clip])))
+                continue
+            if view.frame is not None:          # one frame in a clip's window: an image
+                used.append((view, view.frame.rgb))
                 continue
             if view.image is None:
                 continue
             try:
                 used.append((view, view.image.rgb()))
             except ros_image.ImageConversionError as exc:
-                self.node.intake.forget(view.image)     # do not pair it with the next prompt
+                # Not paired with the next prompt either, which says why.
+                self.node.intake.forget(view.image, clip(exc, REASON_CHARS))
                 self.node.refuse_image(view.name + ('/compressed' if view.image.compressed
                                                     else ''), exc,
                                        '; the prompt is answered without it')
@@ -366,7 +375,7 @@ class Worker:
         node.publish_info(_with_envelope_keys({
             'request_id': request.request_id, 'prompt': request.text,
             'text': None if result.error else result.text,
-            'image': first.image.describe() if first and first.image else None,
+            'image': first.image_info() if first else None,
             'no_image': (first.missing or None) if first else 'no camera',
             **cameras_info(request),
             'finish_reason': finish, 'error': result.error,
