@@ -78,3 +78,15 @@ def test_fused_kernel_checks_pass_on_the_cpu_kernel_emulator():
             'quant_linear int4_asym bfloat16', 'quant_linear fp8 float32'} <= names
     assert all(r.status == check.PASS for r in rows), [(r.name, r.detail) for r in rows
                                                        if r.status != check.PASS]
+
+
+@pytest.mark.parametrize('value', ['[' * 3000 + ']' * 3000,
+                                   '{"type": "regex", "pattern": "("}'])
+def test_a_response_format_that_cannot_be_used_is_one_line(tmp_path, value):
+    if 'regex' in value:
+        pytest.importorskip('llguidance')
+    proc, report = run_check(tmp_path, f'response_format:={value}')
+    assert proc.returncode == 2 and report is None, proc.stderr[-2000:]
+    assert proc.stderr.strip().count('\n') == 0 and 'Traceback' not in proc.stderr
+    assert "parameter 'response_format'" in proc.stderr and len(proc.stderr) < 600
+    assert ('nested more than 128' if '[[' in value else 'unclosed group') in proc.stderr
