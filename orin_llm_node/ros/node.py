@@ -22,6 +22,7 @@ from std_srvs.srv import Trigger
 
 from orin_llm_node.jetson_power import read_power_state
 from orin_llm_node.ros import node_parameters, parameters
+from orin_llm_node.ros.callback_guard import GuardedCallbacks
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
 from orin_llm_node.ros.intake import ImageIntake, Request
 from orin_llm_node.ros.refusals import REASON_CHARS, RefusalLimiter, clip, preview
@@ -66,7 +67,7 @@ class _RosLogHandler(logging.Handler):
             self.handleError(record)
 
 
-class OrinLLMNode(LifecycleNode):
+class OrinLLMNode(GuardedCallbacks, LifecycleNode):
     """Qwen3-VL node: see the README for its topics, services and parameters.
 
     A managed (lifecycle) node: ``configure`` loads the weights, warms up and captures graphs
@@ -76,7 +77,8 @@ class OrinLLMNode(LifecycleNode):
     the node, so that every prompt gets one ``response/info`` in every state: answered while
     active, refused with the state as the reason otherwise.
     Unless ``managed``, :meth:`start` runs configure and activate at once (the plain node).
-    ``command_line``: the process's arguments, whose ``-p`` overrides are checked on their own
+    No callback it registers can end the process (callback_guard.py).  ``command_line``: the
+    process's arguments, whose ``-p`` overrides are checked on their own
     (:func:`~orin_llm_node.ros.node_parameters.declare`).
     """
 
