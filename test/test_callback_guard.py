@@ -78,8 +78,9 @@ def test_a_raising_callback_is_said_counted_and_the_node_serves_on(faulty, tiny_
     proc, probe = faulty
     n_err = len(probe.errors)
     probe.pub_fault.publish(String(data=DEEP))
-    probe.spin_until(lambda: any('RecursionError' in e for e in probe.errors[n_err:]), 30.0,
-                     'the fault on error')
+    probe.spin_until(lambda: any('RecursionError' in e for e in probe.errors[n_err:])
+                     or proc.poll() is not None, 30.0, 'the fault on error')
+    assert proc.poll() is None, 'node died:\n' + proc.log_path.read_text()[-3000:]
     said = [e for e in probe.errors[n_err:] if 'RecursionError' in e]
     assert said[0].startswith('internal error in the fault callback, the node serves on: '
                               'RecursionError: maximum recursion depth exceeded')

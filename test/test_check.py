@@ -81,7 +81,8 @@ def test_fused_kernel_checks_pass_on_the_cpu_kernel_emulator():
 
 
 @pytest.mark.parametrize('value', ['[' * 3000 + ']' * 3000,
-                                   '{"type": "regex", "pattern": "("}'])
+                                   '{"type": "regex", "pattern": "("}'],
+                         ids=['deep', 'bad regex'])
 def test_a_response_format_that_cannot_be_used_is_one_line(tmp_path, value):
     if 'regex' in value:
         pytest.importorskip('llguidance')

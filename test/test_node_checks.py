@@ -143,7 +143,7 @@ def test_a_response_format_is_compiled_when_set_and_the_old_one_kept(probe, refe
     probe.reset()
 
 
-@pytest.mark.parametrize('value', [BAD_REGEX, DEEP_FORMAT])
+@pytest.mark.parametrize('value', [BAD_REGEX, DEEP_FORMAT], ids=['bad regex', 'deep'])
 def test_a_response_format_that_cannot_be_used_stops_the_start_with_one_line(tiny_ckpt, value):
     if value == BAD_REGEX:
         pytest.importorskip('llguidance')

@@ -32,7 +32,7 @@ def schema_format(levels):
     ('[1, 2]', 'must be a JSON object'),
     ('{"type": "yaml"}', 'response_format.type must be one of'),
     ('{not json', 'not JSON'),
-])
+], ids=['deep', 'deep schema', 'too long', 'not an object', 'unknown type', 'not JSON'])
 def test_a_response_format_that_cannot_be_used_is_refused_with_a_short_reason(value, reason):
     refused = check_parameter('response_format', value)
     assert refused is not None and reason in refused, refused
@@ -64,7 +64,7 @@ def test_check_overrides_refuse_deep_and_uncompilable_response_formats():
     ('a: ' + '[' * 5000 + ']' * 5000 + '\n', 'nested too deeply'),
     (b'\xff\xfe not text', 'codec can'),
     ('orin_llm: {ros__parameters: {top_p: [}}\n', 'params file'),
-])
+], ids=['list', 'section', 'ros__parameters', 'deep', 'not UTF-8', 'bad YAML'])
 def test_a_params_file_that_cannot_be_read_is_one_line(tmp_path, content, reason):
     path = tmp_path / 'params.yaml'
     if isinstance(content, bytes):
