@@ -177,9 +177,14 @@ def test_a_wrongly_typed_override_stops_the_start_with_one_line(tiny_ckpt, overr
     assert out[0].endswith(f'got {text!r}'), out
 
 
-def test_ros_arguments_rcl_refuses_stop_the_start_with_one_line():
-    proc = subprocess.run(node_command() + ['--ros-args', '-p', 'response_format:={"a": 1}'],
+@pytest.mark.parametrize(('rule', 'said'), [
+    ('response_format:={"a": 1}', 'invalid ROS arguments'),   # a YAML mapping: rcl refuses it
+    ('use_sim_time:=abc', "parameter 'use_sim_time'"),          # rclpy's own parameter
+], ids=['rcl', 'rclpy'])
+def test_arguments_ros_refuses_stop_the_start_with_one_line(rule, said):
+    proc = subprocess.run(node_command() + ['--ros-args', '-r', '__ns:=/llm_bad_args', '-p',
+                                            rule],
                           env=ros_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     out = (proc.stdout + proc.stderr).strip().splitlines()
-    assert len(out) == 1 and 'invalid ROS arguments' in out[0] and 'response_format' in out[0]
+    assert len(out) == 1 and said in out[0] and rule.split(':=')[0] in out[0], out

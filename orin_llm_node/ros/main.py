@@ -51,6 +51,7 @@ def _run(args):
     profile = dds_profile.apply()
 
     import rclpy
+    from rclpy.exceptions import ParameterException
     from rclpy.executors import ExternalShutdownException
     from rclpy.signals import SignalHandlerOptions
     from rclpy.utilities import remove_ros_args
@@ -77,7 +78,7 @@ def _run(args):
         starting.clear()
         while not stop.is_set() and not node.finished.is_set() and rclpy.ok():
             rclpy.spin_once(node, timeout_sec=0.1)
-    except ParameterError as exc:
+    except (ParameterError, ParameterException) as exc:    # rclpy's: e.g. use_sim_time:=abc
         rclpy.logging.get_logger(NODE_NAME).fatal(str(exc))
         code = 2
     except (KeyboardInterrupt, ExternalShutdownException):
