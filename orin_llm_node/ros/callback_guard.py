@@ -74,7 +74,9 @@ class GuardedCallbacks:
     """Mixin (before the rclpy node class): every callback registered runs in :func:`guarded`.
 
     The instance needs the attributes :func:`guarded` names once callbacks can run (after its
-    ``__init__``); rclpy's own registrations during ``Node.__init__`` are guarded too.
+    ``__init__``); rclpy's own registrations during ``Node.__init__`` are guarded too.  What
+    rclpy keeps is the wrapper: ``remove_on_set_parameters_callback`` would not find the
+    callback given (the node never removes one).
     """
 
     def create_subscription(self, msg_type, topic, callback, *args, **kwargs):
