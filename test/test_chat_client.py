@@ -92,3 +92,26 @@ def test_a_whole_image_file_is_sent(tmp_path, ext, fmt):
     assert msg.format == fmt and len(msg.data) > 0
     if ext != '.bmp':
         assert bytes(msg.data) == path.read_bytes()      # JPEG/PNG as they are
+
+
+@pytest.mark.parametrize('case', ['nested too deep', 'not JSON', 'not an object', 'too long',
+                                  'missing'])
+def test_a_schema_file_the_node_could_not_take_is_one_line_and_exit_2(tmp_path, case):
+    path = tmp_path / 'schema.json'
+    if case == 'nested too deep':      # 985 levels: parsed by json.loads in a shallow stack
+        path.write_text('{"type": "array", "items": ' * 985 + '{}' + '}' * 985)
+    elif case == 'not JSON':
+        path.write_text('{not json')
+    elif case == 'not an object':
+        path.write_text('[1, 2]')
+    elif case == 'too long':
+        path.write_text('{"enum": ["' + 'x' * 100_000 + '"]}')
+    env = dict(os.environ, ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1')
+    out = subprocess.run([sys.executable, '-m', 'orin_llm_node.ros.chat_client', '-n',
+                          '/chat_client_schema', '--timeout', '1', '--schema', str(path), 'Hi?'],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'Traceback' not in out.stderr, out.stderr
+    assert str(path) in lines[0] and 'no ready node' not in lines[0], lines[0]
+    assert out.stdout == ''

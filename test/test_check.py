@@ -257,3 +257,16 @@ def test_check_on_a_gpu_launches_every_fused_kernel_and_passes(tiny_ckpt, tmp_pa
         assert rows[name]['status'] in ('pass', 'warn'), rows[name]
     assert rows['graph == eager']['status'] == 'pass'
     assert rows['kernels == torch (fp32)']['status'] == 'pass'
+
+
+@pytest.mark.parametrize('value', ['[' * 3000 + ']' * 3000,
+                                   '{"type": "regex", "pattern": "("}'],
+                         ids=['deep', 'bad regex'])
+def test_a_response_format_that_cannot_be_used_is_one_line(tmp_path, value):
+    if 'regex' in value:
+        pytest.importorskip('llguidance')
+    proc, report = run_check(tmp_path, f'response_format:={value}')
+    assert proc.returncode == 2 and report is None, proc.stderr[-2000:]
+    assert proc.stderr.strip().count('\n') == 0 and 'Traceback' not in proc.stderr
+    assert "parameter 'response_format'" in proc.stderr and len(proc.stderr) < 600
+    assert ('nested more than 128' if '[[' in value else 'unclosed group') in proc.stderr

@@ -1,11 +1,13 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""The node refuses sampling values and system prompts it could not answer with (issue 21).
+"""The node refuses parameter values it could not answer with (issue 21).
 
-A real node process over loopback DDS: ``ros2 param set`` of such a value is refused with a
-reason, the old value stays and the next prompt is answered as before; at start-up the node
-exits with one line naming the parameter. The expected answers come from the same engine in
-this process. Budget: ~1 min on 2 busy cores.
+Sampling values, system prompts, response formats (nested too deep, too long, a grammar the
+library does not compile), and at start-up also overrides of the wrong type, beside a params
+file or not. A real node process over loopback DDS: ``ros2 param set`` of such a value is
+refused with a reason, the old value stays and the next prompt is answered as before; at
+start-up the node exits with one line naming the parameter. The expected answers come from
+the same engine in this process. Budget: ~3 min on 2 busy cores.
 """
 
 import math
@@ -16,7 +18,7 @@ import pytest
 rclpy = pytest.importorskip('rclpy')
 
 from rcl_interfaces.srv import GetParameters  # noqa: E402
-from test_node import SYSTEM, connect, node_command, ros_env, start_node, stop  # noqa: E402
+from test_node import REPO, SYSTEM, connect, node_command, ros_env, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 
@@ -113,3 +115,76 @@ def test_an_unusable_system_prompt_stops_the_start_with_one_line(tiny_ckpt):
     fatal = [ln for ln in (proc.stdout + proc.stderr).splitlines() if 'FATAL' in ln]
     assert len(fatal) == 1 and "parameter 'system_prompt'" in fatal[0], fatal
     assert 'max_model_len 256' in fatal[0] and 'Traceback' not in proc.stdout + proc.stderr
+
+
+DEEP_FORMAT = '{"type": "json_schema", "schema": ' + '[' * 3000 + ']' * 3000 + '}'
+BAD_REGEX = '{"type": "regex", "pattern": "("}'
+
+
+def test_a_response_format_is_compiled_when_set_and_the_old_one_kept(probe, reference):
+    pytest.importorskip('llguidance')
+    for value, reason in ((DEEP_FORMAT, 'nested more than 128 levels deep'),
+                          (BAD_REGEX, 'unclosed group'),
+                          ('{"type": "regex", "pattern": "' + 'x' * 200_000 + '"}',
+                           'is too long (200032 characters, limit 100000)')):
+        result = probe.set_params(response_format=value)[0]
+        assert not result.successful and reason in result.reason, result.reason[:300]
+        assert result.reason.startswith("parameter 'response_format' = ")
+        assert len(result.reason) < 600
+        assert get_param(probe, 'response_format') == ''
+    probe.reset()
+    assert probe.ask('Still free?') == expected(reference, SYSTEM, 'Still free?')
+    assert probe.set_params(response_format='{"type": "regex", "pattern": "(yes|no)"}')[0] \
+        .successful
+    try:
+        assert probe.ask('Yes or no?') in ('yes', 'no')
+    finally:
+        assert probe.set_params(response_format='')[0].successful
+    probe.reset()
+
+
+@pytest.mark.parametrize('value', [BAD_REGEX, DEEP_FORMAT], ids=['bad regex', 'deep'])
+def test_a_response_format_that_cannot_be_used_stops_the_start_with_one_line(tiny_ckpt, value):
+    if value == BAD_REGEX:
+        pytest.importorskip('llguidance')
+    # Single quotes: a YAML string for rcl (unquoted, the JSON would be a YAML mapping).
+    proc = subprocess.run(
+        node_command() + ['--ros-args', '-r', '__ns:=/llm_bad_format', '-p',
+                          f'model_path:={tiny_ckpt}', '-p', f"response_format:='{value}'"],
+        env=ros_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(out) == 1 and "parameter 'response_format'" in out[0], out
+    assert len(out[0]) < 700
+
+
+@pytest.mark.parametrize(('override', 'with_file'), [
+    ('temperature:=abc', True), ('max_new_tokens:=abc', True), ('max_new_tokens:=2.5', True),
+    ('enable_cuda_graph:=maybe', True), ('temperature:=abc', False)])
+def test_a_wrongly_typed_override_stops_the_start_with_one_line(tiny_ckpt, override,
+                                                                with_file):
+    # Beside the params file, rcl keeps both values and rclpy took the file's (the node
+    # started with it, silently): refused the same way in both cases now.
+    params_file = ['--params-file', str(REPO / 'config/orin_llm.yaml')] if with_file else []
+    proc = subprocess.run(
+        node_command() + ['--ros-args', '-r', '__ns:=/llm_bad_type', *params_file,
+                          '-p', f'model_path:={tiny_ckpt}', '-p', override],
+        env=ros_env(), capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 2
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    name, text = override.split(':=')
+    assert len(out) == 1 and f"parameter '{name}' must be" in out[0], out
+    assert out[0].endswith(f'got {text!r}'), out
+
+
+@pytest.mark.parametrize(('rule', 'said'), [
+    ('response_format:={"a": 1}', 'invalid ROS arguments'),   # a YAML mapping: rcl refuses it
+    ('use_sim_time:=abc', "parameter 'use_sim_time'"),          # rclpy's own parameter
+], ids=['rcl', 'rclpy'])
+def test_arguments_ros_refuses_stop_the_start_with_one_line(rule, said):
+    proc = subprocess.run(node_command() + ['--ros-args', '-r', '__ns:=/llm_bad_args', '-p',
+                                            rule],
+                          env=ros_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(out) == 1 and said in out[0] and rule.split(':=')[0] in out[0], out

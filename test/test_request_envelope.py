@@ -58,3 +58,107 @@ def test_refusals_name_the_reason_and_keep_the_tag(text, reason, tag):
         parse_envelope(text)
     assert reason in str(err.value)
     assert err.value.tag == tag
+
+
+DEEP = '[' * 2000 + ']' * 2000                  # 4 KB: json.loads raises RecursionError
+
+
+def _nested_schema(levels):
+    return '{"type": "array", "items": ' * levels + '{"type": "string"}' + '}' * levels
+
+
+@pytest.mark.parametrize('text', [
+    DEEP,
+    '{"prompt": "x", "tag": "d1", "video_s": ' + DEEP + '}',
+    '{"prompt": "x", "tag": ' + DEEP + '}',
+    '{"prompt": "x", "tag": "d2", "response_format": {"type": "json_schema", "schema": '
+    + _nested_schema(3000) + '}}',
+    '{"prompt": "x", "tag": "d3", "response_format": {"type": "json_schema", "schema": '
+    + _nested_schema(130) + '}}',
+], ids=['bare', 'video_s', 'tag', 'schema 3000', 'schema 130'])
+def test_json_nested_too_deep_is_refused_wherever_it_is(text):
+    with pytest.raises(EnvelopeError) as err:
+        parse_envelope(text)
+    assert str(err.value) == 'nested more than 128 levels deep'
+    assert err.value.tag is None    # nothing of such a text is read, its tag included
+
+
+def test_a_schema_as_deep_as_the_library_takes_is_accepted():
+    schema = json.loads(_nested_schema(60))
+    env = {'prompt': 'x', 'response_format': {'type': 'json_schema', 'schema': schema}}
+    assert parse_envelope(json.dumps(env)) == env
+
+
+@pytest.mark.parametrize(('value', 'reason'), [
+    ('1e-300', 'temperature must be 0 (greedy) or a finite number in [1.175494e-38'),
+    ('1e39', 'temperature must be 0 (greedy) or a finite number in [1.175494e-38'),
+    ('Infinity', 'temperature must be a finite number'),
+    ('-Infinity', 'temperature must be a finite number'),
+    ('NaN', 'temperature must be a finite number'),
+])
+def test_a_temperature_the_sampler_cannot_take_is_refused(value, reason):
+    with pytest.raises(EnvelopeError) as err:
+        parse_envelope('{"prompt": "x", "tag": "t", "temperature": ' + value + '}')
+    assert str(err.value).startswith(reason) and err.value.tag == 't'
+
+
+def test_boundaries_that_are_taken():
+    from orin_llm_node.engine.config import MAX_TEMPERATURE, MIN_TEMPERATURE
+
+    for env in ({'prompt': 'x', 'max_new_tokens': 1}, {'prompt': 'x', 'temperature': 0},
+                {'prompt': 'x', 'temperature': MIN_TEMPERATURE},
+                {'prompt': 'x', 'temperature': MAX_TEMPERATURE}, {'prompt': 'x', 'video_s': 0},
+                {'prompt': 'x' * 99_000}):
+        assert parse_envelope(json.dumps(env)) == env
+
+
+@pytest.mark.parametrize(('text', 'reason'), [
+    ('{"prompt": "x", "max_new_tokens": Infinity}', 'max_new_tokens must be a positive integer'),
+    ('{"prompt": "x", "max_new_tokens": 1e400}', 'max_new_tokens must be a positive integer'),
+    ('{"prompt": "x", "video_s": Infinity}', 'video_s must be a finite number'),
+    ('{"prompt": "x", "video_s": NaN}', 'video_s must be a finite number'),
+    ('{"prompt": "\\ud800"}', 'prompt must be valid Unicode'),
+    ('{"prompt": "x", "max_new_tokens": ' + '9' * 5000 + '}', 'not JSON: Exceeds the limit'),
+])
+def test_non_finite_huge_and_unpublishable_values_are_refused(text, reason):
+    with pytest.raises(EnvelopeError) as err:
+        parse_envelope(text)
+    assert str(err.value).startswith(reason), err.value
+
+
+def test_a_tag_that_cannot_be_published_is_not_echoed():
+    with pytest.raises(EnvelopeError) as err:
+        parse_envelope('{"prompt": "x", "tag": "\\udc80"}')
+    assert err.value.tag is None and 'tag must be valid Unicode' in str(err.value)
+
+
+def test_a_request_longer_than_the_limit_is_refused_before_it_is_parsed():
+    text = json.dumps({'prompt': 'x' * 100_001})
+    with pytest.raises(EnvelopeError) as err:
+        parse_envelope(text)
+    assert str(err.value) == f'request of {len(text)} characters rejected (limit 100000)'
+
+
+def test_the_error_text_is_the_reason_alone():
+    err = EnvelopeError('prompt is required', 'tag-1')
+    assert str(err) == 'prompt is required' and err.args == ('prompt is required',)
+    assert err.tag == 'tag-1' and isinstance(err, ValueError)
+    # A library's multi-line reason becomes one line; a lone surrogate is escaped.
+    assert str(EnvelopeError('bad regex:\n   (\n   ^\n')) == 'bad regex: ( ^'
+    assert str(EnvelopeError('tag \udc80')) == 'tag \\udc80'
+    with pytest.raises(EnvelopeError) as caught:
+        parse_envelope('{"tag": "x"}')
+    assert str(caught.value) == "'prompt' is required"
+
+
+def test_a_grammar_the_library_rejects_is_refused_with_its_reason():
+    pytest.importorskip('llguidance')
+    with pytest.raises(EnvelopeError) as err:
+        parse_envelope('{"prompt": "x", "tag": "g", "response_format": {"type": "regex", '
+                       '"pattern": "("}}')
+    assert str(err.value).startswith('response_format rejected:') and err.value.tag == 'g'
+    assert 'unclosed group' in str(err.value) and '\n' not in str(err.value)
+    bad_schema = {'type': 'json_schema', 'schema': {'type': 'object', 'properties': {
+        'x': {'type': 'string', 'pattern': '(unclosed'}}}}
+    with pytest.raises(EnvelopeError, match='response_format rejected'):
+        parse_envelope(json.dumps({'prompt': 'x', 'response_format': bad_schema}))

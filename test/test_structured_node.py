@@ -108,12 +108,36 @@ def test_every_refusal_names_its_reason_and_echoes_the_tag(probe, raw, reason):
                      f'{reason!r} on error')
 
 
-def test_a_schema_the_library_rejects_is_an_error_with_the_tag(probe):
-    bad = {'type': 'json_schema', 'schema': {'type': 'object', 'properties': {
-        'x': {'type': 'string', 'pattern': '(unclosed'}}}}
-    info = probe.send({'prompt': 'Hi', 'response_format': bad})
-    assert info['finish_reason'] == 'error' and 'response_format rejected' in info['error']
-    assert info['tag'] == f't{probe.sent}'
+@pytest.mark.parametrize(('envelope', 'reason'), [
+    ({'response_format': {'type': 'json_schema', 'schema': {'type': 'object', 'properties': {
+        'x': {'type': 'string', 'pattern': '(unclosed'}}}}}, 'response_format rejected'),
+    ({'response_format': {'type': 'regex', 'pattern': '('}}, 'unclosed group'),
+    ({'temperature': 1e-300}, 'temperature must be 0 (greedy) or a finite number in'),
+    ({'temperature': 1e39}, 'the normal float32 range'),
+])
+def test_values_the_engine_would_refuse_are_refused_with_the_tag(probe, envelope, reason):
+    info = probe.send({'prompt': 'Hi', **envelope})
+    assert info['finish_reason'] == 'refused' and reason in info['error'], info
+    assert info['tag'] == f't{probe.sent}' and info['text'] is None
+
+
+def _nested_schema(levels):
+    return '{"type": "array", "items": ' * levels + '{"type": "string"}' + '}' * levels
+
+
+def test_deep_json_is_refused_and_the_node_serves_on(probe):
+    deep = '[' * 2000 + ']' * 2000              # 4 KB: RecursionError in json.loads
+    for raw in (deep, '{"prompt": "Hi", "tag": ' + deep + '}',
+                '{"prompt": "Hi", "tag": "deep", "response_format": {"type": "json_schema", '
+                '"schema": ' + _nested_schema(3000) + '}}',
+                '{"prompt": "Hi", "tag": "deep", "response_format": {"type": "json_schema", '
+                '"schema": ' + _nested_schema(400) + '}}'):
+        info = probe.send(None, raw=raw)
+        assert info['finish_reason'] == 'refused', info
+        assert info['error'] == 'prompt/json refused: nested more than 128 levels deep'
+    answer = probe.send({'prompt': 'What shape is it?', 'conversation': 'new'})
+    assert answer['finish_reason'] in ('stop', 'length') and answer['error'] is None
+    assert answer['text'], answer
 
 
 def test_constrained_answer_about_the_image(probe):
@@ -182,7 +206,11 @@ def test_chat_client_schema_and_json(probe, tmp_path):
     assert isinstance(json.loads(out.stdout), dict)
     schema.write_text('{not json')
     out = chat('--schema', str(schema), 'Hi')
-    assert out.returncode == 1 and 'not JSON' in out.stderr
+    assert out.returncode == 2 and 'not JSON' in out.stderr
+    schema.write_text(json.dumps({'type': 'string', 'pattern': '(unclosed'}))
+    out = chat('--schema', str(schema), 'Hi')      # the node's verdict: refused, exit 1
+    assert out.returncode == 1 and 'prompt refused' in out.stderr, out.stderr[-2000:]
+    assert 'response_format rejected' in out.stderr
 
 
 @pytest.fixture(scope='module')
@@ -207,7 +235,7 @@ def no_lib_node(tiny_ckpt, tmp_path_factory):
 
 def test_without_llguidance_the_node_runs_and_refuses_constrained_requests(no_lib_node):
     info = no_lib_node.send({'prompt': 'Hi', 'response_format': {'type': 'json_object'}})
-    assert info['finish_reason'] == 'error' and 'needs llguidance' in info['error']
+    assert info['finish_reason'] == 'refused' and 'needs llguidance' in info['error']
     assert 'pip install llguidance' in info['error']
     plain = no_lib_node.send({'prompt': 'Hi'})
     assert plain['finish_reason'] in ('stop', 'length') and plain['error'] is None

@@ -40,7 +40,7 @@ from .kv_manager import KVBlocks, KVCacheManager, PoolStats
 from .memory_plan import MemoryPlanError, plan_memory
 from .model_runner import ModelRunner
 from .sampler import NonFiniteLogits, Sampler
-from .structured import GrammarTokenizer, parse_answer, structured_available
+from .structured import GrammarTokenizer, check_response_format, parse_answer, structured_available
 from .thread_guard import SingleThreadGuard
 from .vision_cache import VisionCache
 
@@ -220,6 +220,16 @@ class LLMEngine:
         turn runs.
         """
         self._system_piece(system_prompt)
+
+    def check_response_format(self, response_format) -> None:
+        """Raise ``ValueError`` saying why ``response_format`` cannot constrain an answer.
+
+        The check an answer makes before its turn opens: the shape, then the grammar compiled
+        against this checkpoint's vocabulary (``StructuredUnavailable`` without llguidance).
+        Any thread may call it, as ``check_system_prompt`` (after ``warmup`` the vocabulary is
+        indexed; each call compiles a fresh matcher and touches no engine state).
+        """
+        self._grammar_for(check_response_format(response_format))
 
     def _system_piece(self, system_prompt):
         if system_prompt is None:

@@ -24,11 +24,14 @@ import json
 import numpy as np
 import torch
 
+from orin_llm_node.bounded_json import MAX_DEPTH, depth, too_deep
+
 __all__ = [
     "RESPONSE_FORMAT_TYPES",
     "Grammar",
     "GrammarTokenizer",
     "StructuredUnavailable",
+    "check_grammar",
     "check_response_format",
     "parse_answer",
     "apply_bitmask",
@@ -68,6 +71,8 @@ def check_response_format(fmt) -> dict | None:
         return None
     if not isinstance(fmt, dict):
         raise ValueError(f"response_format must be an object, got {type(fmt).__name__}")
+    if depth(fmt) > MAX_DEPTH:  # the library's limit; a far deeper dict crashes its converter
+        raise ValueError(f"response_format is {too_deep()}")
     kind = fmt.get("type")
     if kind not in RESPONSE_FORMAT_TYPES:
         raise ValueError(f"response_format.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}"
@@ -121,6 +126,35 @@ def host_bitmask(vocab_size: int, allowed=None, banned=()) -> np.ndarray:
     return np.packbits(flags.reshape(-1, 32), axis=1, bitorder="little").view(np.int32)[:, 0]
 
 
+def _grammar_text(matcher_class, fmt: dict) -> str:
+    # The library's grammar for a checked response_format.
+    if fmt["type"] == "regex":
+        return matcher_class.grammar_from_regex(fmt["pattern"])
+    schema = fmt["schema"] if fmt["type"] == "json_schema" else {"type": "object"}
+    return matcher_class.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+
+
+def check_grammar(fmt: dict) -> None:
+    """``ValueError`` with the library's reason when the grammar of ``fmt`` does not compile.
+
+    For checks made without a checkpoint at hand (the node's start-up, ``orin_llm_check``, a
+    request on arrival): the library validates the grammar without a vocabulary. An answer
+    compiles it against the checkpoint's vocabulary (:meth:`GrammarTokenizer.grammar`), which
+    may refuse more. ``fmt``: a value :func:`check_response_format` passed;
+    :class:`StructuredUnavailable` without the library.
+    """
+    try:
+        import llguidance
+    except ImportError:
+        raise StructuredUnavailable(
+            f"constrained decoding needs llguidance, which is not installed: {INSTALL_HINT}"
+        ) from None
+    m = llguidance.LLMatcher
+    error = m.validate_grammar(_grammar_text(m, fmt))
+    if error:
+        raise ValueError(f"response_format rejected: {error}")
+
+
 class GrammarTokenizer:
     """The library's view of a checkpoint's tokenizer (built once per engine, ~1-3 s at 151k).
 
@@ -149,12 +183,7 @@ class GrammarTokenizer:
         a model to pad an answer with blank lines until it runs out of tokens.
         """
         m = self._ll.LLMatcher
-        if fmt["type"] == "regex":
-            text = m.grammar_from_regex(fmt["pattern"])
-        else:
-            schema = fmt["schema"] if fmt["type"] == "json_schema" else {"type": "object"}
-            text = m.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-        matcher = m(self.tokenizer, text, log_level=0)
+        matcher = m(self.tokenizer, _grammar_text(m, fmt), log_level=0)
         if matcher.is_error():
             raise ValueError(f"response_format rejected: {matcher.get_error()}")
         return Grammar(matcher, self.vocab_size)

@@ -24,7 +24,8 @@ files in name order (or comma-separated files) as CompressedImages sent at ``fps
 service), and a clip longer than the node keeps is refused with one line before anything is
 sent.  Ctrl-C cancels the answer on the node.  Exit status: 0 answered (with the
 image, when one was given), 1 error (one line: an unreadable image file, no node, timeout,
-refusal, or an answer produced without the image), 2 bad arguments.
+refusal, or an answer produced without the image), 2 bad arguments (one line, e.g. a
+``--schema`` file that is not a JSON object or is nested deeper than the node takes).
 
 ``--schema FILE`` (a JSON Schema) / ``--json`` (any JSON object) send the question as a
 ``prompt/json`` request envelope with that ``response_format``, match the answer by its
@@ -51,7 +52,9 @@ from sensor_msgs.msg import CompressedImage
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
+from orin_llm_node import bounded_json
 from orin_llm_node.ros import chat_video
+from orin_llm_node.ros.parameters import MAX_PROMPT_CHARS
 
 _RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
                        reliability=ReliabilityPolicy.RELIABLE)
@@ -95,8 +98,8 @@ class LLMClient(Node):
     def _on_info(self, msg):
         try:
             self.infos.append(json.loads(msg.data))
-        except ValueError:
-            pass                        # not ours to judge; the node always sends JSON
+        except (ValueError, RecursionError):
+            pass                        # not the node's: it always sends a JSON object
 
     def _on_error(self, msg):
         self.errors.append(msg.data)
@@ -303,6 +306,10 @@ def main(args=None):
         parser.error(f'--fps must be > 0, got {opts.fps:g}')
     try:
         opts.response_format = _response_format(opts)
+    except (OSError, ValueError) as exc:
+        print(f'orin_llm_chat: {exc}', file=sys.stderr)
+        return 2
+    try:
         if opts.image:
             image = image_message(opts.image)
         if opts.video:
@@ -419,10 +426,15 @@ def _response_format(opts):
         return {'type': 'json_object'}
     if opts.schema is None:
         return None
+    text = Path(opts.schema).read_text()
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ValueError(f'{opts.schema}: {len(text)} characters; a prompt/json request holds '
+                         f'at most {MAX_PROMPT_CHARS}')
     try:
-        schema = json.loads(Path(opts.schema).read_text())
-    except ValueError as exc:
-        raise ValueError(f'{opts.schema}: not JSON: {exc}') from None
+        # Bounded: a schema nested deeper than the node takes is refused here, in one line.
+        schema = bounded_json.loads(text)
+    except ValueError as exc:           # not JSON, nested too deep
+        raise ValueError(f'{opts.schema}: {" ".join(str(exc).split())}') from None
     if not isinstance(schema, dict):
         raise ValueError(f'{opts.schema}: a JSON Schema must be a JSON object')
     return {'type': 'json_schema', 'schema': schema}

@@ -46,6 +46,7 @@ _WINDOWED = {
     'evictions': WARN,
     'errors': WARN,
     'dropped_prompts': WARN,
+    'callback_faults': WARN,
 }
 
 
@@ -71,6 +72,7 @@ class GenerationSnapshot:
     dropped_prompts: int = 0
     rejected_images: int = 0        # images refused (headers on arrival, pixels on decode)
     unsaid_errors: int = 0          # refusals counted but not repeated on `error` (rate limit)
+    callback_faults: int = 0        # exceptions a callback raised (callback_guard.py: logged)
     last_image_stamp: float | None = None
     last_finish_reason: str = ''
     detail: str = ''                # e.g. the load error
@@ -180,6 +182,7 @@ def generation_status(info, recent, name='orin_llm: generation', hardware_id='')
     values.append(('dropped_prompts', info.dropped_prompts))
     values.append(('rejected_images', info.rejected_images))
     values.append(('unsaid_errors', info.unsaid_errors))
+    values.append(('callback_faults', info.callback_faults))
     values.append(('camera', 'blind' if info.camera else 'ok'))
     values.append(('state', info.state))
     if info.state == 'failed':
@@ -198,6 +201,8 @@ def generation_status(info, recent, name='orin_llm: generation', hardware_id='')
         problems.append(f"{recent['errors']} request error(s)")
     if recent.get('dropped_prompts', 0):
         problems.append(f"{recent['dropped_prompts']} prompt(s) dropped (queue full)")
+    if recent.get('callback_faults', 0):
+        problems.append(f"{recent['callback_faults']} callback fault(s) (traceback in the log)")
     if problems:
         return _status(WARN, name, '; '.join(problems), hardware_id, values)
     if info.last_finish_reason:
@@ -261,6 +266,7 @@ class DiagnosticsMonitor:
             counters = {k: getattr(pool_stats, k, None) for k in _WINDOWED}
         counters['errors'] = info.errors
         counters['dropped_prompts'] = info.dropped_prompts
+        counters['callback_faults'] = info.callback_faults
         recent = self._recent(now, counters)
         out = []
         if pool_stats is not None:

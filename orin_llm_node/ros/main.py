@@ -52,6 +52,7 @@ def _run(args):
     profile = dds_profile.apply()
 
     import rclpy
+    from rclpy.exceptions import ParameterException
     from rclpy.executors import ExternalShutdownException
     from rclpy.signals import SignalHandlerOptions
     from rclpy.utilities import remove_ros_args
@@ -60,12 +61,16 @@ def _run(args):
     from orin_llm_node.ros.parameters import ParameterError
 
     argv = sys.argv if args is None else ['orin_llm_node', *args]
-    managed = '--managed' in remove_ros_args(argv)[1:]
-    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
+    try:
+        managed = '--managed' in remove_ros_args(argv)[1:]
+        rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
+    except RuntimeError as exc:     # rcl refuses the ROS arguments: one line, as a parameter
+        rclpy.logging.get_logger(NODE_NAME).fatal(f'invalid ROS arguments: {exc}')
+        return 2
     node = None
     code = 0
     try:
-        node = OrinLLMNode(managed=managed, stop_requested=stop)
+        node = OrinLLMNode(managed=managed, stop_requested=stop, command_line=argv)
         node.dds_profile = profile
         if profile:
             node.get_logger().info(f'Fast DDS profile {profile} applied (camera frames over '
@@ -74,7 +79,7 @@ def _run(args):
         starting.clear()
         while not stop.is_set() and not node.finished.is_set() and rclpy.ok():
             rclpy.spin_once(node, timeout_sec=0.1)
-    except ParameterError as exc:
+    except (ParameterError, ParameterException) as exc:    # rclpy's: e.g. use_sim_time:=abc
         rclpy.logging.get_logger(NODE_NAME).fatal(str(exc))
         code = 2
     except (KeyboardInterrupt, ExternalShutdownException):

@@ -21,7 +21,8 @@ from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
 from orin_llm_node.jetson_power import read_power_state
-from orin_llm_node.ros import parameters
+from orin_llm_node.ros import node_parameters, parameters
+from orin_llm_node.ros.callback_guard import GuardedCallbacks
 from orin_llm_node.ros.camera_views import Request
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
 from orin_llm_node.ros.intake import ImageIntake
@@ -67,7 +68,7 @@ class _RosLogHandler(logging.Handler):
             self.handleError(record)
 
 
-class OrinLLMNode(LifecycleNode):
+class OrinLLMNode(GuardedCallbacks, LifecycleNode):
     """Qwen3-VL node: see the README for its topics, services and parameters.
 
     A managed (lifecycle) node: ``configure`` loads the weights, warms up and captures graphs
@@ -77,14 +78,17 @@ class OrinLLMNode(LifecycleNode):
     the node, so that every prompt gets one ``response/info`` in every state: answered while
     active, refused with the state as the reason otherwise.
     Unless ``managed``, :meth:`start` runs configure and activate at once (the plain node).
+    No callback it registers can end the process (callback_guard.py).  ``command_line``: the
+    process's arguments, whose ``-p`` overrides are checked on their own
+    (:func:`~orin_llm_node.ros.node_parameters.declare`).
     """
 
-    def __init__(self, managed=False, stop_requested=None, **kwargs):
+    def __init__(self, managed=False, stop_requested=None, command_line=(), **kwargs):
         super().__init__(NODE_NAME, **kwargs)
         self.managed = managed
         # Set by main's signal handler: loading and warm-up stop at their next step.
         self.stop_requested = threading.Event() if stop_requested is None else stop_requested
-        self.params = parameters.declare(self)
+        self.params = node_parameters.declare(self, command_line)
         self.exit_code = 0
         self.dds_profile = None         # the Fast DDS profile main() applied, if any
         self.finished = threading.Event()
@@ -108,12 +112,12 @@ class OrinLLMNode(LifecycleNode):
         self._open_services = []        # from activate to deactivate
         self.create_subscription(String, 'prompt', self._on_prompt, _qos(PROMPT_DEPTH))
         self.create_subscription(String, 'prompt/json', self._on_prompt_json, _qos(PROMPT_DEPTH))
-        self.add_on_set_parameters_callback(lambda params: parameters.on_set(self, params))
+        self.add_on_set_parameters_callback(lambda params: node_parameters.on_set(self, params))
         self.create_timer(self.params['diagnostics_period_s'], self._on_idle_timer)
         self.create_timer(1.0, self.intake.check_camera)
         self.pub_ready.publish(Bool(data=False))
         self._log_handler = _RosLogHandler(self.get_logger())
-        parameters.check_camera_topics(self, self.params['image_topics'],
+        node_parameters.check_camera_topics(self, self.params['image_topics'],
                                        self._activation_services())
 
     def _activation_services(self):
@@ -216,10 +220,6 @@ class OrinLLMNode(LifecycleNode):
         """A ``prompt/json`` request envelope (request_envelope.py): checked, then queued."""
         request_id = self._next_request_id
         self._next_request_id += 1
-        if len(msg.data) > parameters.MAX_PROMPT_CHARS:
-            self._refuse(request_id, msg.data[:200], f'request of {len(msg.data)} characters '
-                         f'rejected (limit {parameters.MAX_PROMPT_CHARS})')
-            return
         try:
             envelope = parse_envelope(msg.data)
         except EnvelopeError as exc:

@@ -2,18 +2,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """The node's parameters: the one table, its checks, and what the node and launch make of it.
 
-:data:`PARAMETERS` is the single source: the node declares it, ``launch/orin_llm.launch.py``
-builds one launch argument per entry from it, and ``config/orin_llm.yaml`` and the README are
-checked against it (test/test_params_agree.py, test/test_readme.py).  Values are checked here,
-once, when the node starts or a run-time parameter is set.
+:data:`PARAMETERS` is the single source: the node declares it (node_parameters.py),
+``launch/orin_llm.launch.py`` builds one launch argument per entry from it, and
+``config/orin_llm.yaml`` and the README are checked against it (test/test_params_agree.py,
+test/test_readme.py).  Values are checked here, once, when the node starts or a run-time
+parameter is set.  No rclpy (``orin_llm_check`` reads the parameters without it).
 """
 
 from dataclasses import dataclass
-import json
 import math
 from pathlib import Path
 import re
 
+from orin_llm_node import bounded_json
+from orin_llm_node.ros.refusals import REASON_CHARS, clip
+
+# Longest prompt, prompt/json message and response_format value taken (characters).
 MAX_PROMPT_CHARS = 100_000
 MAX_CAMERAS = 8
 # A relative or absolute ROS topic name made of plain tokens (no substitutions, no '~').
@@ -51,37 +55,6 @@ def _topic_names(names):
     return None
 
 
-def check_camera_topics(node, names, services=()):
-    """``ParameterError`` when a camera would read a topic the node owns or another camera reads.
-
-    ``names``: ``image_topics``; each camera's topics are resolved as ``node`` resolves them
-    (namespace, remapping) and compared with every topic and service name of ``node`` (call it
-    once they exist) and ``services`` (opened later, on activation).  An Image subscription on
-    one of the node's own topics cannot even be created (another message type on that topic):
-    activation would fail only after the model was loaded.
-    """
-    topics = [p.topic_name for p in node.publishers] + [s.topic_name for s in node.subscriptions]
-    # Not in rclpy's lists: the lifecycle state machine's publisher and rcl's log topic.
-    topics += [node.resolve_topic_name('~/transition_event'), '/rosout']
-    seen = dict.fromkeys(topics, "this node's own topic")
-    services = [s.srv_name for s in node.services] + list(services)
-    seen.update(dict.fromkeys(map(node.resolve_service_name, services),
-                              "this node's own service"))
-    for camera in names:
-        for topic in camera_topics(camera):
-            try:
-                resolved = node.resolve_topic_name(topic)
-            except RuntimeError as exc:     # rcl's RCLError, e.g. longer than DDS allows
-                raise ParameterError(f"parameter 'image_topics': camera {camera!r} is not a "
-                                     f"usable topic name ({str(exc).split(', at ')[0]})"
-                                     ) from None
-            if resolved in seen:
-                raise ParameterError(f"parameter 'image_topics': camera {camera!r} would read "
-                                     f'{resolved}, {seen[resolved]}; choose another name (or '
-                                     'remap it)')
-            seen[resolved] = f'which camera {camera!r} reads too'
-
-
 def _choice(*options):
     def check(v):
         return None if v in options else f"must be one of {', '.join(options)}"
@@ -108,18 +81,30 @@ def _float_in(low, high=math.inf, low_open=False, allow_inf=False):
     return check
 
 
-def _json_object_text(v):
-    if v == '':
-        return None
+def _response_format_text(v):
+    # The library compiles the grammar without a vocabulary here (no checkpoint is loaded at
+    # start-up or in orin_llm_check); the loaded engine's own compile: check_loaded.
+    if len(v) > MAX_PROMPT_CHARS:
+        return f'is too long ({len(v)} characters, limit {MAX_PROMPT_CHARS})'
+    from orin_llm_node.engine.structured import check_grammar, check_response_format
     try:
-        return None if isinstance(json.loads(v), dict) else 'must be a JSON object'
+        fmt = response_format(v)
+        if fmt is not None and not isinstance(fmt, dict):
+            return 'must be a JSON object'
+        fmt = check_response_format(fmt)
+        if fmt is not None:
+            check_grammar(fmt)
     except ValueError as exc:
-        return f'is not JSON: {exc}'
+        return clip(' '.join(str(exc).split()), REASON_CHARS)
+    return None
 
 
 def response_format(text):
-    """The ``response_format`` parameter's JSON text as a dict (empty: None)."""
-    return json.loads(text) if text else None
+    """The ``response_format`` parameter's JSON text as a dict (empty: None).
+
+    ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
+    """
+    return bounded_json.loads(text) if text else None
 
 
 @dataclass(frozen=True)
@@ -211,8 +196,9 @@ PARAMETERS = (
           constraints='>= 0.0'),
     Param('response_format', '', 'JSON object constraining the answers to plain prompts: '
           '{"type": "json_object"}, {"type": "json_schema", "schema": {...}} or '
-          '{"type": "regex", "pattern": "..."} (empty = free text)', _json_object_text,
-          runtime=True, constraints='empty | JSON object'),
+          '{"type": "regex", "pattern": "..."} (empty = free text); refused unless its grammar '
+          'compiles', _response_format_text, runtime=True,
+          constraints=f'empty | JSON object of at most {MAX_PROMPT_CHARS} characters'),
 )
 PARAMS_BY_NAME = {p.name: p for p in PARAMETERS}
 RUNTIME_PARAMETERS = tuple(p.name for p in PARAMETERS if p.runtime)
@@ -221,28 +207,54 @@ _TYPE_NAMES = {bool: 'a boolean', int: 'an integer', float: 'a double (e.g. 1.0)
                str: 'a string', list: 'a list of strings (e.g. [front, wrist])'}
 
 
+def _shown(value):
+    # A value as repeated in a reason: its repr, cut short (a value can be 100,000 characters).
+    text = repr(value)
+    if len(text) <= 60:
+        return text
+    return text[:57] + '...' + (f' ({len(value)} characters)' if isinstance(value, str) else '')
+
+
+def wrong_type(name, value=None):
+    """The one-line reason why ``value`` (None: not known) is not of parameter ``name``'s type."""
+    kind = type(PARAMS_BY_NAME[name].default)
+    given = '' if value is None else f', got {_shown(value)}'
+    return f"parameter '{name}' must be {_TYPE_NAMES[kind]}{given}"
+
+
 def check_parameter(name, value):
     """Return the one-line reason why ``value`` is invalid for parameter ``name``, or None."""
     spec = PARAMS_BY_NAME[name]
-    kind = type(spec.default)
-    if type(value) is not kind:
-        return f"parameter '{name}' must be {_TYPE_NAMES[kind]}, got {value!r}"
+    if type(value) is not type(spec.default):
+        return wrong_type(name, value)
     reason = spec.check(value) if spec.check else None
-    return None if reason is None else f"parameter '{name}' = {value!r}: {reason}"
+    return None if reason is None else f"parameter '{name}' = {_shown(value)}: {reason}"
 
 
-def check_system_prompt(engine, value):
-    """``ParameterError`` when ``engine`` cannot lead a conversation with this system prompt.
+# The run-time parameters only a loaded engine can judge, and its check of each (both safe
+# from any thread): the system prompt against the template and the pool, the response format's
+# grammar compiled against the checkpoint's vocabulary, as an answer compiles it.
+_LOADED_CHECKS = {
+    'system_prompt': lambda engine, v: engine.check_system_prompt(v or None),
+    'response_format': lambda engine, v: engine.check_response_format(response_format(v)),
+}
+LOADED_CHECKS = tuple(_LOADED_CHECKS)
 
-    The engine's own check (``LLMEngine.check_system_prompt``, safe from any thread); empty
-    means none.
+
+def check_loaded(engine, values, names=LOADED_CHECKS):
+    """``ParameterError`` naming the first of ``names`` the loaded ``engine`` cannot run with.
+
+    ``values``: name -> value (at least ``names``); names without such a check are skipped.
     """
-    try:
-        engine.check_system_prompt(value or None)
-    except ValueError as exc:
-        shown = value if len(value) <= 60 else value[:57] + '...'
-        raise ParameterError(f"parameter 'system_prompt' = {shown!r} ({len(value)} characters)"
-                             f": {' '.join(str(exc).split())}") from None
+    for name in names:
+        if name not in _LOADED_CHECKS:
+            continue
+        try:
+            _LOADED_CHECKS[name](engine, values[name])
+        except ValueError as exc:
+            reason = clip(' '.join(str(exc).split()), REASON_CHARS)
+            raise ParameterError(f"parameter '{name}' = {_shown(values[name])}: {reason}"
+                                 ) from None
 
 
 def check_parameters(values):
@@ -321,64 +333,6 @@ def from_text(name, text):
             f'launch argument {name}:={text!r} is not a valid {kind.__name__}') from None
 
 
-def declare(node):
-    """Declare every parameter on ``node``, check the values once; returns name -> value."""
-    from rcl_interfaces.msg import ParameterDescriptor, ParameterType
-    from rclpy.exceptions import InvalidParameterTypeException, ParameterException
-
-    ros_types = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
-                 float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING,
-                 list: ParameterType.PARAMETER_STRING_ARRAY}
-    overrides = getattr(node, '_parameter_overrides', {})
-    values = {}
-    for spec in PARAMETERS:
-        kind = type(spec.default)
-        descriptor = ParameterDescriptor(
-            name=spec.name, type=ros_types[kind], description=spec.description,
-            additional_constraints=spec.constraints, read_only=not spec.runtime)
-        try:
-            values[spec.name] = node.declare_parameter(spec.name, spec.default, descriptor).value
-        except InvalidParameterTypeException:
-            given = overrides.get(spec.name)
-            given = f', got {given.value!r}' if given is not None else ''
-            raise ParameterError(
-                f"parameter '{spec.name}' must be {_TYPE_NAMES[kind]}{given}") from None
-        except (ParameterException, TypeError, ValueError) as exc:
-            raise ParameterError(f"parameter '{spec.name}': {exc}") from None
-    check_parameters(values)
-    for name in sorted(set(overrides) - set(PARAMS_BY_NAME)):
-        if not node.has_parameter(name):
-            node.get_logger().warning(f"unknown parameter '{name}' ignored (typo?)")
-    return values
-
-
-def on_set(node, params):
-    """The node's set-parameters callback: only run-time parameters, only valid values."""
-    from rcl_interfaces.msg import SetParametersResult
-
-    values = {name: node.get_parameter(name).value for name in PARAMS_BY_NAME}
-    for param in params:
-        if param.name not in PARAMS_BY_NAME:
-            continue
-        if param.name not in RUNTIME_PARAMETERS:
-            return SetParametersResult(
-                successful=False, reason=f"parameter '{param.name}' is read-only at run "
-                'time: restart the node (or relaunch) to change it')
-        values[param.name] = param.value
-    try:
-        check_parameters(values)
-        engine = node.worker.engine
-        if engine is not None and any(p.name == 'system_prompt' for p in params):
-            check_system_prompt(engine, values['system_prompt'])
-    except ParameterError as exc:
-        return SetParametersResult(successful=False, reason=str(exc))
-    for param in params:
-        if param.name in RUNTIME_PARAMETERS:
-            node.get_logger().info(
-                f'{param.name} set to {param.value!r} (takes effect at the next prompt)')
-    return SetParametersResult(successful=True)
-
-
 def values_from_files(params_files=(), overrides=(), node_name='orin_llm'):
     """The values the node would start with, read without rclpy (``orin_llm_check``).
 
@@ -392,11 +346,13 @@ def values_from_files(params_files=(), overrides=(), node_name='orin_llm'):
     for path in params_files:
         try:
             doc = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ParameterError(f'params file {path}: {exc}') from None
-        for section, body in doc.items():
+        except RecursionError:
+            raise ParameterError(f'params file {path}: nested too deeply') from None
+        except (OSError, ValueError, yaml.YAMLError) as exc:   # ValueError: not UTF-8
+            raise ParameterError(f'params file {path}: {" ".join(str(exc).split())}') from None
+        for section, body in _mapping(doc, path).items():
             if section == '/**' or str(section).rstrip('/').split('/')[-1] == node_name:
-                given = (body or {}).get('ros__parameters') or {}
+                given = _mapping(_mapping(body or {}, path).get('ros__parameters') or {}, path)
                 values.update((k, v) for k, v in given.items() if k in PARAMS_BY_NAME)
     for text in overrides:
         name, sep, value = text.partition(':=')
@@ -405,3 +361,11 @@ def values_from_files(params_files=(), overrides=(), node_name='orin_llm'):
         values[name] = from_text(name, value)
     check_parameters(values)
     return values
+
+
+def _mapping(value, path):
+    # A params file's document, section or ros__parameters: a mapping, else ParameterError.
+    if not isinstance(value, dict):
+        raise ParameterError(f'params file {path}: expected a mapping of node names to '
+                             f'ros__parameters, got {type(value).__name__}')
+    return value

@@ -8,21 +8,30 @@
 :data:`KEYS` is the one table of what an envelope may hold (a new key is one row there, plus
 what the worker does with it); :func:`parse_envelope` checks a message against it and raises
 :class:`EnvelopeError` with the reason (and the ``tag``, when one could be read, so that the
-refusal can be matched by the client) for unknown keys and bad values.
+refusal can be matched by the client) for anything the answer could not be run with: text that
+is too long or nested too deep, unknown keys, bad values, sampling values the engine refuses
+(its own ``SamplingParams`` checks) and a ``response_format`` whose grammar does not compile.
 """
 
 from dataclasses import dataclass
-import json
 import math
 
-from orin_llm_node.engine.structured import check_response_format
+from orin_llm_node import bounded_json
+from orin_llm_node.engine.config import SamplingParams
+from orin_llm_node.engine.structured import check_grammar, check_response_format
+from orin_llm_node.ros.parameters import MAX_PROMPT_CHARS
 
 
 class EnvelopeError(ValueError):
-    """An envelope the node refuses; ``str(err)`` is the reason, ``tag`` the client's id."""
+    """An envelope the node refuses; ``str(err)`` is the reason, ``tag`` the client's id.
+
+    The reason is made one line of valid UTF-8 (a library's multi-line message, a sender's
+    lone surrogate escaped), so that it can be published as it is.
+    """
 
     def __init__(self, reason, tag=None):
-        super().__init__(reason)
+        reason = ' '.join(str(reason).split())
+        super().__init__(reason.encode('utf-8', 'backslashreplace').decode('utf-8'))
         self.tag = tag
 
 
@@ -43,7 +52,13 @@ def _positive_int(v):
 
 
 def _text(v):
-    return None if isinstance(v, str) else 'must be a string'
+    if not isinstance(v, str):
+        return 'must be a string'
+    try:
+        v.encode('utf-8')
+    except UnicodeEncodeError:          # "\ud800" in JSON: no str the node can publish
+        return 'must be valid Unicode (it holds a lone surrogate)'
+    return None
 
 
 def _prompt(v):
@@ -58,7 +73,9 @@ def _choice(*options):
 
 def _response_format(v):
     try:
-        check_response_format(v)
+        fmt = check_response_format(v)
+        if fmt is not None:
+            check_grammar(fmt)
     except ValueError as exc:
         return str(exc)
     return None
@@ -66,19 +83,27 @@ def _response_format(v):
 
 @dataclass(frozen=True)
 class Key:
-    """One envelope key: its check (``value -> reason or None``) and what it means."""
+    """One envelope key: its check (``value -> reason or None``) and what it means.
+
+    ``sampling``: the ``SamplingParams`` field it overrides for its own answer, if any (the
+    engine's checks of that field apply to it as well).
+    """
 
     check: object
     description: str
     required: bool = False
+    sampling: str = ''
 
 
 KEYS = {
     'prompt': Key(_prompt, 'the question (text)', required=True),
     'response_format': Key(_response_format, 'json_object / json_schema / regex constraint; '
-                           'overrides the response_format parameter'),
-    'max_new_tokens': Key(_positive_int, 'most tokens generated (overrides max_new_tokens)'),
-    'temperature': Key(_non_negative, 'sampling temperature (overrides temperature)'),
+                           'overrides the response_format parameter',
+                           sampling='response_format'),
+    'max_new_tokens': Key(_positive_int, 'most tokens generated (overrides max_new_tokens)',
+                          sampling='max_tokens'),
+    'temperature': Key(_non_negative, 'sampling temperature (overrides temperature)',
+                       sampling='temperature'),
     'conversation': Key(_choice('new', 'continue'), "'new' forgets the history first; "
                         "'continue' (default) answers in the current conversation"),
     'tag': Key(_text, 'client-chosen id, echoed in response/info'),
@@ -87,15 +112,24 @@ KEYS = {
 }
 
 
+def sampling_overrides(envelope):
+    """The ``SamplingParams`` fields a checked envelope overrides, as ``{field: value}``."""
+    return {key.sampling: envelope[name] for name, key in KEYS.items()
+            if key.sampling and name in envelope}
+
+
 def parse_envelope(text):
     """The checked keys of one ``prompt/json`` message, as a dict; ``EnvelopeError`` if not."""
+    if len(text) > MAX_PROMPT_CHARS:
+        raise EnvelopeError(f'request of {len(text)} characters rejected (limit '
+                            f'{MAX_PROMPT_CHARS})')
     try:
-        data = json.loads(text)
+        data = bounded_json.loads(text)
     except ValueError as exc:
-        raise EnvelopeError(f'not JSON: {exc}') from None
+        raise EnvelopeError(exc) from None
     if not isinstance(data, dict):
         raise EnvelopeError(f'must be a JSON object, got {type(data).__name__}')
-    tag = data.get('tag') if isinstance(data.get('tag'), str) else None
+    tag = data.get('tag') if _text(data.get('tag')) is None else None
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
         raise EnvelopeError(f"unknown key(s) {', '.join(map(repr, unknown))} (known: "
@@ -106,6 +140,10 @@ def parse_envelope(text):
                 raise EnvelopeError(f'{name!r} is required', tag)
             continue
         reason = key.check(data[name])
-        if reason:
-            raise EnvelopeError(f'{name} {reason}', tag)
+        if reason:      # the engine's reasons name response_format themselves
+            raise EnvelopeError(reason if reason.startswith(name) else f'{name} {reason}', tag)
+    try:
+        SamplingParams(**sampling_overrides(data))
+    except ValueError as exc:
+        raise EnvelopeError(exc, tag) from None
     return data

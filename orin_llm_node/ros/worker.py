@@ -22,6 +22,7 @@ import numpy as np
 from orin_llm_node.ros import model_loading, parameters, ros_image
 from orin_llm_node.ros.frame_ring import FrameSizer
 from orin_llm_node.ros.refusals import REASON_CHARS, clip, preview
+from orin_llm_node.ros.request_envelope import sampling_overrides
 
 
 def _stamp(ns):
@@ -67,11 +68,6 @@ def cameras_info(request):
                          'span_s': round((max(clip_stamps) - min(clip_stamps)) / 1e9, 6)
                          if clip_stamps else None}
     return info
-
-
-# prompt/json key -> the SamplingParams field it overrides for its own answer.
-_ENVELOPE_SAMPLING = {'max_new_tokens': 'max_tokens', 'temperature': 'temperature',
-                      'response_format': 'response_format'}
 
 
 def _with_envelope_keys(info, request, result):
@@ -224,7 +220,8 @@ class Worker:
         try:
             engine = model_loading.load_engine(self.node.params, self.node.get_logger(),
                                                should_stop=self._stopping)
-            parameters.check_system_prompt(engine, self.node.runtime('system_prompt'))
+            parameters.check_loaded(engine, {name: self.node.runtime(name)
+                                             for name in parameters.LOADED_CHECKS})
         except LoadInterrupted as exc:
             self.load_error = str(exc)
             return False
@@ -274,12 +271,8 @@ class Worker:
         # override them for its own answer.
         values = dict(self.node.params)
         values.update({name: self.node.runtime(name) for name in parameters.RUNTIME_PARAMETERS})
-        sampling = parameters.sampling_params(values)
-        env = request.envelope or {}
-        for key, field in _ENVELOPE_SAMPLING.items():
-            if key in env:
-                sampling = dataclasses.replace(sampling, **{field: env[key]})
-        return sampling
+        return dataclasses.replace(parameters.sampling_params(values),
+                                   **sampling_overrides(request.envelope or {}))
 
     def frame_processor(self):
         """What sizes the frames kept for video (the engine's processors), once loaded."""
