@@ -12,6 +12,7 @@ class FinishReason:
     CONTEXT_FULL = "context_full"  # max_model_len reached, or the prompt alone exceeds it
     CANCELLED = "cancelled"        # LLMEngine.cancel(), or the stream was closed early
     TIMEOUT = "timeout"            # SamplingParams.timeout_s passed
+    ERROR = "error"                # the turn failed (ChatResult.error says why); not in history
 
     # The answer was cut short by a limit rather than finished or stopped on request.
     LIMITS = (KV_EXHAUSTED, CONTEXT_FULL, TIMEOUT)
