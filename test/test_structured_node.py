@@ -179,13 +179,18 @@ def history_tokens(probe, bad_format=None):
     """``prompt_tokens`` of a follow-up after one answered turn, and the turn in between.
 
     With ``bad_format``, a constrained turn is asked between the two; its response/info is
-    returned too.
+    returned too. A fresh frame first: every prompt of the sequence pairs with it (an older
+    one could age out of ``image_max_age_s`` half-way on a slow machine).
     """
-    probe.send({'prompt': 'What shape is it?', 'conversation': 'new'})
+    scene = shapes.simple_scene('star', 'green', height=96, width=96)
+    probe.send_image(probe.image(scene.image))
+    first = probe.send({'prompt': 'What shape is it?', 'conversation': 'new'})
     bad = None
     if bad_format is not None:
         bad = probe.send({'prompt': 'Report it.', 'response_format': bad_format})
-    return probe.send({'prompt': 'And what colour is it?'})['prompt_tokens'], bad
+    follow = probe.send({'prompt': 'And what colour is it?'})
+    assert first['image'] is not None and follow['image'] is not None, (first, follow)
+    return follow['prompt_tokens'], bad
 
 
 @pytest.mark.parametrize(('fmt', 'sentence'), [
