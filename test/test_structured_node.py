@@ -5,8 +5,11 @@
 A node process on the demo checkpoint: every refusal of the envelope (reason on ``error`` and
 ``response/info``, the tag echoed), a constrained answer about a red circle (``json``,
 ``valid``), ``max_new_tokens`` / ``conversation`` overrides, the ``response_format``
-parameter for plain prompts. A second node process on a tiny checkpoint runs without
-llguidance: it starts, answers plain prompts and refuses constrained ones with the reason.
+parameter for plain prompts; grammars that cannot give a valid answer (one sentence on
+``error`` and ``response/info``, no trace in the conversation). A second node process on a
+tiny checkpoint runs without llguidance: it starts, answers plain prompts and refuses
+constrained ones with the reason. A third, on random weights sampled at temperature 1, answers
+numbers beyond a float's range: ``response/info`` stays strict JSON.
 """
 
 import json
@@ -24,6 +27,7 @@ from std_msgs.msg import String  # noqa: E402
 import test_node  # noqa: E402
 from test_node import RELIABLE, Probe, connect, start_node, stop  # noqa: E402
 from test_structured import ROBOT_SCHEMA  # noqa: E402
+from test_structured_failures import DEAD_AFTER_KEY, FORCED_VISION, SELF_REF, TOO_BIG  # noqa: E402
 
 from orin_llm_node.testing import shapes  # noqa: E402
 
@@ -32,6 +36,7 @@ pytestmark = pytest.mark.ros
 DEMO = Path(__file__).resolve().parents[1] / 'orin_llm_node' / 'demo_model'
 NS = '/llm_json'
 NO_LIB_NS = '/llm_json_nolib'
+NUMBERS_NS = '/llm_json_numbers'
 TIMEOUT = 60.0
 
 
@@ -40,6 +45,9 @@ class EnvelopeProbe(Probe):
 
     def __init__(self, ns):
         super().__init__(ns)
+        self.raw_infos = []  # response/info as published (the Probe's infos are parsed)
+        self.node.create_subscription(String, f'{ns}/response/info',
+                                      lambda m: self.raw_infos.append(m.data), RELIABLE)
         self.pub_json = self.node.create_publisher(String, f'{ns}/prompt/json', RELIABLE)
         self.spin_until(lambda: self.pub_json.get_subscription_count() > 0, 20.0,
                         'the prompt/json subscription')
@@ -68,6 +76,14 @@ class EnvelopeProbe(Probe):
         self.spin_until(mine, TIMEOUT, f'response/info for {tag}')
         return mine()[0]
 
+    def raw_info(self, tag):
+        """The text of the ``response/info`` message that carries ``tag``."""
+        def mine():
+            return [r for r in self.raw_infos if f'"tag": "{tag}"' in r]
+
+        self.spin_until(mine, TIMEOUT, f'the published response/info for {tag}')
+        return mine()[0]
+
 
 @pytest.fixture(scope='module')
 def probe(tmp_path_factory):
@@ -77,6 +93,7 @@ def probe(tmp_path_factory):
     try:
         connect(proc, NS).close()
         p = EnvelopeProbe(NS)
+        p.log_path = proc.log_path
         yield p
     finally:
         if p is not None:
@@ -180,6 +197,103 @@ def test_response_format_parameter_constrains_plain_prompts(probe):
     bad = probe.set_params(response_format='{"type": "yaml"}')
     assert not bad[0].successful and 'response_format' in bad[0].reason
     assert 'valid' not in probe.ask_info('Is there a shape now?')
+
+
+def history_tokens(probe, bad_format=None):
+    """``prompt_tokens`` of a follow-up after one answered turn, and the turn in between.
+
+    With ``bad_format``, a constrained turn is asked between the two; its response/info is
+    returned too. A fresh frame first: every prompt of the sequence pairs with it (an older
+    one could age out of ``image_max_age_s`` half-way on a slow machine).
+    """
+    scene = shapes.simple_scene('star', 'green', height=96, width=96)
+    probe.send_image(probe.image(scene.image))
+    first = probe.send({'prompt': 'What shape is it?', 'conversation': 'new'})
+    bad = None
+    if bad_format is not None:
+        bad = probe.send({'prompt': 'Report it.', 'response_format': bad_format})
+    follow = probe.send({'prompt': 'And what colour is it?'})
+    assert first['image'] is not None and follow['image'] is not None, (first, follow)
+    return follow['prompt_tokens'], bad
+
+
+@pytest.mark.parametrize(('fmt', 'sentence'), [
+    ({'type': 'json_schema', 'schema': SELF_REF}, 'the schema admits no JSON value at all'),
+    ({'type': 'regex', 'pattern': r'[^\s\S]'}, 'the regex matches no text at all'),
+    ({'type': 'regex', 'pattern': r'<\|im_end\|>ok'}, "spells the control token '<|im_end|>'"),
+    ({'type': 'json_schema', 'schema': {'enum': ['<|im_end|>']}},
+     "spells the control token '<|im_end|>'"),
+    ({'type': 'regex', 'pattern': r'<\|image_pad\|>'},
+     "spells the control token '<|image_pad|>'"),
+    ({'type': 'regex', 'pattern': FORCED_VISION}, 'spelt only by a control token'),
+    ({'type': 'json_schema', 'schema': DEAD_AFTER_KEY},
+     "admits no JSON value after the answer's first 5 tokens"),
+], ids=['self-ref', 'empty-class', 'regex-im_end', 'enum-im_end', 'regex-image_pad',
+        'forced-vision-token', 'ref-dead-end'])
+def test_a_grammar_without_a_valid_answer_is_an_error_and_leaves_no_trace(probe, fmt,
+                                                                          sentence):
+    """Never ``stop`` without ``valid``: refused before the turn, or failed mid-answer."""
+    n_err = len(probe.errors)
+    clean, _ = history_tokens(probe)
+    after_bad, info = history_tokens(probe, fmt)
+    assert after_bad == clean, info  # the failed turn left nothing in the conversation
+    assert info['finish_reason'] == 'error' and info['text'] is None, info
+    assert sentence in info['error'] and len(info['error']) < 300, info['error']
+    assert info.get('valid') is not True
+    probe.spin_until(lambda: any(sentence in e for e in probe.errors[n_err:]), 10.0,
+                     f'{sentence!r} on error')
+
+
+def test_the_library_dumps_go_to_the_log_and_one_sentence_to_error(probe):
+    n_err = len(probe.errors)
+    info = probe.send({'prompt': 'Say a.', 'response_format': {'type': 'regex',
+                                                               'pattern': TOO_BIG}})
+    assert info['finish_reason'] == 'error', info
+    error = info['error']
+    assert error.startswith('the regex is too big') and len(error) < 200, error
+    assert '<state>' not in error and '\n' not in error and 'lexer' not in error
+    probe.spin_until(lambda: any(error in e for e in probe.errors[n_err:]), 10.0,
+                     'the sentence on error')
+    probe.spin_until(lambda: 'too many expressions' in probe.log_path.read_text(), 10.0,
+                     "the library's detail in the node's log")
+
+
+@pytest.fixture(scope='module')
+def numbers_node(tiny_ckpt, tmp_path_factory):
+    """A node on random weights that samples at temperature 1 (seeded per prompt)."""
+    proc = start_node(tiny_ckpt, NUMBERS_NS, tmp_path_factory.mktemp('numbers'),
+                      'max_new_tokens:=40', 'temperature:=1.0', 'conversation_mode:=single')
+    try:
+        connect(proc, NUMBERS_NS).close()
+        p = EnvelopeProbe(NUMBERS_NS)
+        yield p
+        p.close()
+    finally:
+        stop(proc)
+
+
+def _reject_constant(name):
+    raise ValueError(f'{name} is not strict JSON')
+
+
+def test_numbers_beyond_a_float_are_null_and_response_info_stays_strict(numbers_node):
+    fmt = {'type': 'json_schema', 'schema': {'type': 'array', 'items': {'type': 'number'},
+                                             'minItems': 1, 'maxItems': 2}}
+    beyond = 0
+    for seed in range(150):
+        assert numbers_node.set_params(seed=seed)[0].successful
+        info = numbers_node.send({'prompt': 'Numbers?', 'response_format': fmt})
+        raw = numbers_node.raw_info(f't{numbers_node.sent}')
+        assert json.loads(raw, parse_constant=_reject_constant) == info  # strict JSON
+        assert info['valid'] is (info['finish_reason'] == 'stop'), info
+        if not info['valid']:
+            continue
+        text_values = json.loads(info['text'])  # Python's reading: inf past a float's range
+        assert info['json'] == [None if np.isinf(x) else x for x in text_values], info
+        beyond += any(np.isinf(x) for x in text_values)
+        if beyond:
+            break
+    assert beyond, 'no answer overflowed a float in 150 sampled answers'
 
 
 def chat(*args):

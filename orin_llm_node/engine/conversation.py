@@ -3,9 +3,9 @@
 """A conversation: one token history (system prompt, then turns), its media and messages.
 
 The history changes only through the conversation's methods (open a turn, append a generated
-token, close the turn, drop the oldest turns). How a turn's tokens are built from the chat
-template: ``orin_llm_node.processing.prompt``. The KV blocks holding the history are the KV
-cache manager's books (``KVBlocks``); the conversation only reads them.
+token, close the turn, drop the oldest turns, go back to a checkpoint). How a turn's tokens are
+built from the chat template: ``orin_llm_node.processing.prompt``. The KV blocks holding the
+history are the KV cache manager's books (``KVBlocks``); the conversation only reads them.
 """
 
 from dataclasses import dataclass
@@ -108,6 +108,20 @@ class Conversation:
         if self._token_ids[-1] != end_id:
             self.append_token(end_id)
         self._segments[-1].messages.append({"role": "assistant", "content": answer})
+
+    def checkpoint(self) -> tuple:
+        """The history as it is now, for :meth:`restore` (the turns in it are never changed)."""
+        return list(self._token_ids), list(self._segments)
+
+    def restore(self, checkpoint: tuple) -> None:
+        """Go back to ``checkpoint``'s history (turns opened since gone, dropped ones back).
+
+        The KV blocks must have been released first.
+        """
+        if self.kv.ids:
+            raise RuntimeError("release the conversation's blocks before rewriting its history")
+        tokens, segments = checkpoint
+        self._token_ids, self._segments = list(tokens), list(segments)
 
     def drop_oldest(self, num_turns: int) -> None:
         """Forget the oldest ``num_turns`` turns (the system prompt stays).

@@ -12,7 +12,9 @@ class FinishReason:
     CONTEXT_FULL = "context_full"  # max_model_len reached, or the prompt alone exceeds it
     CANCELLED = "cancelled"        # LLMEngine.cancel(), or the stream was closed early
     TIMEOUT = "timeout"            # SamplingParams.timeout_s passed
-    ERROR = "error"                # a step gave no token to pick (non-finite logits): see error
+    ERROR = "error"                # the turn failed (ChatResult.error says why): a grammar
+                                   # dead end, or a step with no token to pick (non-finite
+                                   # logits); the turn leaves no trace in the history
 
     # The answer was cut short by a limit rather than finished or stopped on request.
     LIMITS = (KV_EXHAUSTED, CONTEXT_FULL, TIMEOUT)

@@ -40,7 +40,13 @@ from .kv_manager import KVBlocks, KVCacheManager, PoolStats
 from .memory_plan import MemoryPlanError, plan_memory
 from .model_runner import ModelRunner
 from .sampler import NonFiniteLogits, Sampler
-from .structured import GrammarTokenizer, check_response_format, parse_answer, structured_available
+from .structured import (
+    GrammarDeadEnd,
+    GrammarTokenizer,
+    check_response_format,
+    parse_answer,
+    structured_available,
+)
 from .thread_guard import SingleThreadGuard
 from .vision_cache import VisionCache
 
@@ -74,13 +80,15 @@ class ChatResult:
     images and clips are two lists, as the reference takes them (``pixel_values`` and
     ``pixel_values_videos``); ``token_ids``: the
     generated ids (a stop token included); ``cached_tokens``: prompt tokens reused from the KV
-    cache; ``error``: why nothing was generated, when the prompt could not run, or why the
-    answer ended early with ``finish_reason == "error"`` (a step whose logits left no token to
-    pick: NaN, +inf, or every token masked; the tokens before it are kept).
+    cache; ``error``: why the prompt could not run, or why the turn failed
+    (``finish_reason == "error"``: a grammar dead end, an unparsable JSON answer, or a step
+    whose logits left no token to pick -- NaN, +inf, or every token masked; the turn left no
+    trace in the conversation).
 
-    A constrained answer (``SamplingParams.response_format``) also has ``valid``: True when its
-    grammar completed (``finish_reason == "stop"``; a ``"length"`` answer is incomplete and
-    never valid) and ``parsed``: the answer's JSON value when valid (``None`` for a regex).
+    A constrained answer (``SamplingParams.response_format``) also has ``valid``: True exactly
+    when ``finish_reason == "stop"`` (its grammar completed; a ``"length"`` answer is
+    incomplete and never valid) and ``parsed``: the answer's JSON value when valid (``None``
+    for a regex; see ``structured.parse_answer`` for numbers beyond a float's range).
     Unconstrained answers keep ``valid = None``.
     """
 
@@ -343,8 +351,11 @@ class LLMEngine:
         rejects or cannot take because it is not installed) raises ``ValueError`` before
         anything changes; running out of context or KV blocks never raises: ``finish_reason``
         says what happened (a clip longer than the context is refused with ``context_full``).
-        The generator holds the engine from its first step to its end (or ``close()``): see the
-        module docstring.
+        A turn that fails leaves the conversation as it was before it, its KV blocks back in
+        the pool: a grammar that reaches a dead end mid-answer ends it with ``finish_reason
+        "error"`` and the reason in ``error``; any exception is raised after the rollback. A
+        stream closed early keeps its answer so far (``cancelled``). The generator holds the
+        engine from its first step to its end (or ``close()``): see the module docstring.
         """
         with self._guard.hold("chat_stream"):
             yield from self._chat_stream(conv, text, images, sampling, videos)
@@ -378,7 +389,12 @@ class LLMEngine:
         sampler = Sampler(sampling, self.device, self._banned, grammar)
         turn = self.prompts.user_turn(conv.messages(), parts, list(images or []),
                                       list(videos or []))
-        plan = self.kv.admit(conv, turn, sampling.max_tokens)
+        before = conv.checkpoint()
+        try:
+            plan = self.kv.admit(conv, turn, sampling.max_tokens)
+        except BaseException:
+            self._roll_back(conv, before)
+            raise
         if plan.refused:
             yield StreamEvent("", result=self._refused(conv, turn, plan))
             return
@@ -386,8 +402,15 @@ class LLMEngine:
         state.response_format, state.grammar = sampling.response_format, grammar
         try:
             yield from self._generate(conv, sampler, state, turn.pixel_values)
-        finally:
-            self._close_turn(conv, state)
+        except GrammarDeadEnd as exc:
+            state.finish, state.error = FinishReason.ERROR, str(exc)
+        except GeneratorExit:  # the stream was closed early: a cancelled answer, kept
+            self._close_turn(conv, state, before)
+            raise
+        except BaseException:
+            self._roll_back(conv, before)
+            raise
+        self._close_turn(conv, state, before)
         yield StreamEvent(state.tail, result=state.result)
 
     def _grammar_for(self, response_format):
@@ -402,7 +425,7 @@ class LLMEngine:
             t0 = time.perf_counter()
             self._grammar_tokenizer = GrammarTokenizer(
                 self.config.model_path / "tokenizer.json", self.model.config.text.vocab_size,
-                self.tokenizer.eos_ids)
+                self.tokenizer.eos_ids, banned_ids=self._banned)
             log.info("constrained decoding: vocabulary indexed in %.2f s",
                      time.perf_counter() - t0)
         return self._grammar_tokenizer
@@ -523,14 +546,25 @@ class LLMEngine:
             state.finish = FinishReason.TIMEOUT
         return state.finish is not None
 
-    def _close_turn(self, conv: Conversation, state: "_TurnState") -> None:
-        # Runs whatever ended the turn (finish, error, a closed stream): the history stays a
-        # valid conversation, closed with <|im_end|>.
+    def _close_turn(self, conv: Conversation, state: "_TurnState", before) -> None:
+        # Runs whatever ended the turn but an exception: an answer (finished, cut short or
+        # cancelled) stays in the history, closed with <|im_end|>; a failed one (its grammar
+        # reached a dead end, or its JSON cannot be parsed) leaves none.
         state.finish = state.finish or FinishReason.CANCELLED
         state.tail = state.detok.flush() if state.detok else ""
         text = state.detok.text if state.detok else ""
-        conv.close_turn(text, self.tokenizer.im_end_id)
-        self.kv.finish(conv)
+        valid = parsed = None
+        if state.grammar is not None:
+            valid = state.finish == FinishReason.STOP and state.grammar.complete
+            try:
+                parsed = parse_answer(state.response_format, text) if valid else None
+            except ValueError as exc:
+                state.finish, state.error, valid = FinishReason.ERROR, str(exc), False
+        if state.finish == FinishReason.ERROR:
+            self._roll_back(conv, before)
+        else:
+            conv.close_turn(text, self.tokenizer.im_end_id)
+            self.kv.finish(conv)
         gen = state.token_ids
         decode_s = state.t_last - state.t_first
         state.result = ChatResult(
@@ -546,11 +580,17 @@ class LLMEngine:
             vision_s=state.vision_s,
             dropped_turns=state.dropped,
             error=state.error,
+            valid=valid,
+            parsed=parsed,
         )
-        if state.grammar is not None:
-            valid = state.finish == FinishReason.STOP and state.grammar.complete
-            state.result.valid = valid
-            state.result.parsed = parse_answer(state.response_format, text) if valid else None
+
+    def _roll_back(self, conv: Conversation, before) -> None:
+        # A failed turn leaves no trace: the conversation's blocks go back to the pool (hashed
+        # ones stay cached, so the restored history's prefix still hits) and its history is
+        # ``before``'s again (turns dropped to make room for the turn included).
+        self.kv.finish(conv)
+        self.kv.release(conv)
+        conv.restore(before)
 
 
 def _check_text(what: str, text) -> None:
@@ -583,6 +623,7 @@ class _TurnState:
         self.token_ids: list[int] = []
         self.detok: IncrementalDetokenizer | None = None
         self.finish: str | None = None
+        self.error: str | None = None  # why a failed turn failed
         self.vision_s = 0.0
         self.response_format: dict | None = None
         self.grammar = None  # structured.Grammar of a constrained answer

@@ -146,8 +146,11 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
         self._publish(self.pub_response, String(data=text))
 
     def publish_info(self, info):
-        """One ``response/info`` JSON object (README: the schema)."""
-        self._publish(self.pub_info, String(data=json.dumps(info, ensure_ascii=False)))
+        """One ``response/info`` JSON object (README: the schema), strict: no NaN / Infinity."""
+        # Every value is finite by construction (parse_answer maps a number beyond a float's
+        # range to null): a bug that breaks that raises ValueError rather than publishing it.
+        self._publish(self.pub_info, String(data=json.dumps(info, ensure_ascii=False,
+                                                            allow_nan=False)))
 
     def publish_error(self, text):
         """Why something was refused, on ``error`` and in the log."""

@@ -381,8 +381,11 @@ class Worker:
             f' + {x.shape[1]}x{x.shape[0]} image' if isinstance(x, np.ndarray)
             else f' + {len(x.frames)}-frame clip' for _, x in used)
         if result.error:
+            # Refused before it ran (the context or the pool), or failed while it ran ('error':
+            # the turn left no trace in the conversation).
             node.info.add(errors=1)
-            node.publish_error(f'prompt {what} rejected ({finish}, request '
+            verdict = 'failed' if finish == FinishReason.ERROR else 'rejected'
+            node.publish_error(f'prompt {what} {verdict} ({finish}, request '
                                f'{request.request_id}): {result.error}')
             return
         node.publish_response(result.text)
