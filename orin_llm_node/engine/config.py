@@ -9,13 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from orin_llm_node.kernels.backend_factory import ATTENTION_BACKENDS
 from orin_llm_node.quantization import AT_LOAD_FORMATS
 
 from .structured import check_response_format
 
 _DEVICES = ("auto", "cpu", "cuda")
-#: Values of ``attention_backend`` (see ``model_runner.make_attention_backend``).
-ATTENTION_BACKENDS = ("auto", "cuda", "torch")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,

@@ -11,7 +11,7 @@ and the last group may be shorter (``G = ceil(in / group_size)``). Per-channel I
 block's scale repeated over its rows), which lets merged projections (q/k/v, gate/up) of any
 size concatenate their parts along the output dimension.
 
-``forward`` asks ``layers.dispatch`` (the one dispatch point) for the fused kernels of the
+``forward`` asks ``kernels.dispatch`` (the one dispatch point) for the fused kernels of the
 input's device and dtype: with them, ``cuda_ops.FusedOps.quant_linear`` runs the dequantising
 GEMV / dequantise + matmul kernels of ``cuda_kernels/quant_linear.cu`` when the shape suits
 them; otherwise :meth:`QuantLinear.torch_forward` runs -- the CPU path and the kernels' oracle:
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from orin_llm_node.layers.dispatch import kernels_for
+from orin_llm_node.kernels.dispatch import kernels_for
 
 from . import scratch
 
