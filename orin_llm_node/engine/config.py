@@ -239,8 +239,3 @@ class SamplingParams:
         if self.response_format is not None and self.ignore_eos:
             raise ValueError("ignore_eos cannot be combined with response_format (the grammar "
                              "decides where the answer ends)")
-
-    @property
-    def greedy(self) -> bool:
-        """True when decoding is argmax (temperature 0)."""
-        return self.temperature == 0.0

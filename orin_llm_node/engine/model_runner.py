@@ -292,7 +292,7 @@ class ModelRunner:
             return sampler(self._decode_forward())
         graph.run_forward()  # queued on the GPU; the host goes on meanwhile
         self._write_token_mask(sampler)
-        if sampler.params.greedy:
+        if sampler.greedy:
             return graph.run_greedy()
         return sampler.pick(graph.run_pick())
 
