@@ -91,6 +91,8 @@ class QuantLinear(nn.Module, ABC):
     chunk: ClassVar[int]
     #: Bits per weight code.
     bits: ClassVar[int]
+    #: Group size of quantize-at-load into this format (None: one group per output row).
+    at_load_group: ClassVar[int | None]
 
     def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool,
                  asymmetric: bool = False, device=None):
@@ -164,8 +166,8 @@ class QuantLinear(nn.Module, ABC):
     def load_rows(self, tensors: dict[str, torch.Tensor], row0: int = 0) -> int:
         """Copy a part's ``qweight`` / ``scale`` (/ ``zero``) into rows ``row0...``.
 
-        The tensors are in this layout already (see ``quantization/checkpoint.py`` for the
-        on-disk layouts). Returns the number of rows written.
+        The tensors are in this layout already (``quantization/checkpoint_formats.py`` converts
+        the on-disk layouts). Returns the number of rows written.
         """
         rows = tensors["scale"].shape[0]
         if row0 + rows > self.out_features:
