@@ -155,3 +155,11 @@ def test_an_empty_model_path_is_the_demo_checkpoint():
         assert ask(demo, demo.new_conversation(), 'What colour is the shape?',
                    scene.image).text == 'red.'
 
+
+def test_one_chat_template_in_the_package(tiny_ckpt):
+    """The demo checkpoint's template is the one copy; tiny checkpoints are written from it."""
+    from orin_llm_node import package_files
+
+    found = sorted(package_files.PACKAGE_DIR.rglob('chat_template*'))
+    assert found == [package_files.DEMO_MODEL_DIR / 'chat_template.jinja']
+    assert (tiny_ckpt / 'chat_template.jinja').read_bytes() == found[0].read_bytes()
