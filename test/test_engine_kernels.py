@@ -15,7 +15,7 @@ import torch
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
 from orin_llm_node.engine.cuda_graph import CudaGraphDecode
 from orin_llm_node.kernels import dispatch
-from orin_llm_node.kernels.cuda_ops import LaunchCounter
+from orin_llm_node.kernels.cuda_ops import LaunchCounter, cupy_available
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 #: The fused layer ops a decoder step dispatches to (beside the attention kernels).
@@ -25,8 +25,8 @@ LAYER_OPS = {"rms_norm", "add_rms_norm", "silu_and_mul"}
 def _devices():
     out = [pytest.param("cpu", marks=pytest.mark.skipif(
         not kernel_emulator.compiler_available(), reason="g++ builds the kernel emulator"))]
-    out.append(pytest.param("cuda", marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA device and CuPy")))
+    out.append(pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not cupy_available(), reason="needs a CUDA GPU and CuPy")]))
     return out
 
 
