@@ -87,6 +87,8 @@ class ModelRunner:
         # fused_ops: the layers' fused kernels beside the CUDA attention (None: torch bodies).
         self.attn, self.fused_ops, self.backend_fallback_reason = make_attention_backend(
             self.kv_cache, tc.num_attention_heads, max_model_len, attention_backend, launcher)
+        self._fused_scope = (nullcontext() if self.fused_ops is None else
+                             dispatch.installed(self.device, dtype, self.fused_ops))
         # CUDA Graph decode (engine/cuda_graph.py): needs a backend that reads its per-step
         # metadata from device memory (graph_safe); captured on the first decode step,
         # replayed by run_decode after prepare_decode has written the static buffers.
@@ -130,9 +132,7 @@ class ModelRunner:
 
     def fused_ops_installed(self):
         """A ``with`` block in which the layers dispatch to this runner's fused ops (if any)."""
-        if self.fused_ops is None:
-            return nullcontext()
-        return dispatch.installed(self.device, self.dtype, self.fused_ops)
+        return self._fused_scope
 
     def close(self) -> None:
         """Drop the fused ops, the graphs, the attention backend and the KV tensor.
@@ -141,6 +141,7 @@ class ModelRunner:
         """
         self.fused_ops = self.attn = self.decode_graph = self.prefill_graphs = None
         self.model = self.kv_cache = self._mask_sampler = None
+        self._fused_scope = nullcontext()
 
     # ---- vision ----------------------------------------------------------------------------
 
