@@ -221,9 +221,9 @@ def cpu_kernel_count() -> dict:
     import kernel_emulator
 
     from orin_llm_node.attention.cuda_backend import CudaPagedAttention
-    from orin_llm_node.cuda_ops import FusedOps
     from orin_llm_node.engine.model_runner import ModelRunner
-    from orin_llm_node.layers import dispatch
+    from orin_llm_node.kernels import dispatch
+    from orin_llm_node.kernels.cuda_ops import FusedOps
     from orin_llm_node.models.loader import load_model
     from orin_llm_node.testing import make_tiny_checkpoint
 
@@ -326,7 +326,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         sys.exit("decode_anatomy: needs a CUDA GPU with CuPy (or --cpu-count for the "
                  "emulated kernel count)")
-    from orin_llm_node.cuda_ops import cupy_available
+    from orin_llm_node.kernels.cuda_ops import cupy_available
 
     if not cupy_available():
         sys.exit("decode_anatomy: needs CuPy (cupy-cuda12x / cupy-cuda13x)")

@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from gpu_decode import write_result  # noqa: E402
 
-from orin_llm_node import kernel_sources as ks  # noqa: E402
+from orin_llm_node.kernels import kernel_sources as ks  # noqa: E402
 from orin_llm_node.models.config import config_from_dict  # noqa: E402
 
 CONFIGS = REPO / "test" / "data" / "qwen3_vl_configs"

@@ -166,15 +166,12 @@ def layer_row(k: int, n: int, gen: torch.Generator) -> dict:
     import torch.nn.functional as F
 
     from orin_llm_node.quantization import AT_LOAD_FORMATS
-    from orin_llm_node.quantization.checkpoint import INT4_GROUP
-    from orin_llm_node.quantization.fp8 import BLOCK
 
     w = torch.randn(n, k, generator=gen) * 0.02
     x = torch.randn(1, k, generator=gen)
     row = {"float_linear_us": time_call(lambda: F.linear(x, w)) * 1e6}
     for fmt, (cls, asym) in AT_LOAD_FORMATS.items():
-        group = {"int4": INT4_GROUP, "fp8": BLOCK}.get(cls.format, k)
-        layer = cls(k, n, group_size=group, asymmetric=asym)
+        layer = cls(k, n, group_size=cls.at_load_group or k, asymmetric=asym)
         layer.quantize_from(w)
         ref = F.linear(x, layer.dequantize())
         entry = {

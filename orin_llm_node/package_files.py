@@ -4,8 +4,8 @@
 
 Two kinds, both installed by ``setup.py``:
 
-* package data, next to the modules (``demo_model/``, ``testing/chat_template.jinja``, ...):
-  found relative to the module that reads them, e.g. :data:`DEMO_MODEL_DIR`;
+* package data, next to the modules (``demo_model/``, ``ros/dds_profiles/``, ...): found
+  relative to the module that reads them, e.g. :data:`DEMO_MODEL_DIR`;
 * the ROS share directory (``launch/``, ``config/``, ``cuda_kernels/``, ``package.xml``):
   ``<prefix>/share/orin_llm_node`` once installed, the repository root in a checkout.
   :func:`share_dir` finds the one that belongs to the imported copy of the package, so an

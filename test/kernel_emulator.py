@@ -43,8 +43,8 @@ import tempfile
 import numpy as np
 import torch
 
-from orin_llm_node import kernel_sources as ks
-from orin_llm_node.cuda_ops import LaunchCounter
+from orin_llm_node.kernels import kernel_sources as ks
+from orin_llm_node.kernels.cuda_ops import LaunchCounter
 
 HARNESS = r"""
 #include <cmath>
@@ -481,12 +481,12 @@ class CountingLaunch(LaunchCounter):
 def fused_runner(model, num_blocks, block_size, max_len, launch):
     """A CPU ModelRunner whose attention runs the emulated kernels, and its ``FusedOps``.
 
-    Install the ops with ``layers.dispatch.installed("cpu", torch.float32, ops)`` around the
+    Install the ops with ``kernels.dispatch.installed("cpu", torch.float32, ops)`` around the
     runner's steps for the layers' fused kernels (quantized GEMVs included) to run too.
     """
     from orin_llm_node.attention.cuda_backend import CudaPagedAttention
-    from orin_llm_node.cuda_ops import FusedOps
     from orin_llm_node.engine.model_runner import ModelRunner
+    from orin_llm_node.kernels.cuda_ops import FusedOps
 
     tc = model.config.text
     runner = ModelRunner(model, num_blocks, block_size, max_len, torch.device("cpu"),
@@ -505,7 +505,7 @@ def fused_and_torch_steps(ref, runner, ops, launch, prompt, table, decode_steps)
     ``launch`` (a :class:`CountingLaunch`) is cleared before each step, so at a yield its
     counts are that step's launches.
     """
-    from orin_llm_node.layers import dispatch
+    from orin_llm_node.kernels import dispatch
 
     pos = np.tile(np.arange(len(prompt)), (3, 1))
     launch.counts.clear()

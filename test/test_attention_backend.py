@@ -14,10 +14,9 @@ import kernel_emulator
 import pytest
 import torch
 
-from orin_llm_node import cuda_ops
 from orin_llm_node.engine import EngineConfig, LLMEngine
-from orin_llm_node.engine.model_runner import make_attention_backend
-from orin_llm_node.layers import dispatch
+from orin_llm_node.kernels import cuda_ops, dispatch
+from orin_llm_node.kernels.backend_factory import make_attention_backend
 
 HEADS = 4
 KV = (2, 2, 8, 16, 2, 32)  # layers, K/V, blocks, block_size, KV heads, head_dim
@@ -39,24 +38,17 @@ def _must_not_build(*_args):
     pytest.fail("the CuPy build was attempted")
 
 
-@pytest.fixture
-def no_dispatch():
-    """Whatever a test installs for CPU fp32 is gone afterwards."""
-    yield
-    dispatch.uninstall(CPU, torch.float32)
-
-
-def test_auto_falls_back_to_torch_with_the_reason_and_one_warning(caplog, no_dispatch):
+def test_auto_falls_back_to_torch_with_the_reason_and_one_warning(caplog):
     with caplog.at_level(logging.WARNING):
-        attn, reason = make_attention_backend(_kv(), HEADS, 128, "auto", _failing_build)
-    assert attn.name == "torch" and not attn.graph_safe
+        attn, fused, reason = make_attention_backend(_kv(), HEADS, 128, "auto", _failing_build)
+    assert attn.name == "torch" and not attn.graph_safe and fused is None
     assert reason == f"RuntimeError: {NO_HEADERS}"
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "Failed to find CUDA headers" in warnings[0].getMessage()
     assert dispatch.kernels_for(torch.zeros(1)) is None  # no fused layer kernels installed
 
 
-def test_auto_falls_back_when_a_first_launch_fails(no_dispatch):
+def test_auto_falls_back_when_a_first_launch_fails():
     """Kernels that build but fail in the warm-up's first launches fall back too.
 
     Nothing is installed for the layers then.
@@ -67,16 +59,17 @@ def test_auto_falls_back_when_a_first_launch_fails(no_dispatch):
                                "with an unsupported toolchain.")
         return launch
 
-    attn, reason = make_attention_backend(_kv(), HEADS, 128, "auto", build)
-    assert attn.name == "torch" and "UnsupportedPtxVersion" in reason
+    attn, fused, reason = make_attention_backend(_kv(), HEADS, 128, "auto", build)
+    assert attn.name == "torch" and "UnsupportedPtxVersion" in reason and fused is None
     assert dispatch.kernels_for(torch.zeros(1)) is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CuPy may build kernels on this machine")
-def test_auto_falls_back_when_the_real_cupy_build_fails(no_dispatch):
+def test_auto_falls_back_when_the_real_cupy_build_fails():
     """No mock: without CUDA, cuda_ops.kernel_launcher fails (CuPy missing, or no device)."""
-    attn, reason = make_attention_backend(_kv(), HEADS, 128, "auto", cuda_ops.kernel_launcher)
-    assert attn.name == "torch" and reason
+    attn, fused, reason = make_attention_backend(_kv(), HEADS, 128, "auto",
+                                                 cuda_ops.kernel_launcher)
+    assert attn.name == "torch" and reason and fused is None
 
 
 def test_cuda_fails_loudly():
@@ -88,25 +81,26 @@ def test_cuda_fails_loudly():
 
 def test_torch_never_touches_cupy(monkeypatch):
     monkeypatch.setattr(cuda_ops, "_import_cupy", _must_not_build)
-    attn, reason = make_attention_backend(_kv(), HEADS, 128, "torch", _must_not_build)
-    assert attn.name == "torch" and reason is None
+    attn, fused, reason = make_attention_backend(_kv(), HEADS, 128, "torch", _must_not_build)
+    assert attn.name == "torch" and reason is None and fused is None
 
 
 @pytest.mark.skipif(not kernel_emulator.compiler_available(), reason="g++ builds the emulator")
-def test_auto_and_cuda_run_the_kernels_when_they_build(no_dispatch):
+def test_auto_and_cuda_run_the_kernels_when_they_build():
     def emulated(dtype, head_dim, device):
         return kernel_emulator.emulated_launch(cuda_ops.TORCH_DTYPES[dtype], head_dim)
 
     for choice in ("auto", "cuda"):
-        attn, reason = make_attention_backend(_kv(), HEADS, 128, choice, emulated)
+        attn, fused, reason = make_attention_backend(_kv(), HEADS, 128, choice, emulated)
         assert attn.name == "cuda" and attn.graph_safe and reason is None
-        assert isinstance(dispatch.kernels_for(torch.zeros(1)), cuda_ops.FusedOps)
-        dispatch.uninstall(CPU, torch.float32)
+        assert isinstance(fused, cuda_ops.FusedOps) and fused.device == CPU
+        # Returned, not installed: only the runner that owns them installs them, per step.
+        assert dispatch.kernels_for(torch.zeros(1)) is None
 
 
-def test_auto_on_the_cpu_is_torch_with_nothing_to_report(no_dispatch):
-    attn, reason = make_attention_backend(_kv(), HEADS, 128, "auto")
-    assert attn.name == "torch" and reason is None
+def test_auto_on_the_cpu_is_torch_with_nothing_to_report():
+    attn, fused, reason = make_attention_backend(_kv(), HEADS, 128, "auto")
+    assert attn.name == "torch" and reason is None and fused is None
 
 
 def test_engine_config_and_engine(tiny_ckpt):

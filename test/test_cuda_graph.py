@@ -285,3 +285,16 @@ def test_cuda_1_graphs_equal_eager_while_device_0_is_current(tiny_ckpt):
                                                                 .buckets)
     assert results[0] == results[1]
     assert all(len(set(tokens)) >= 8 for tokens in results[0])  # not one token repeated
+
+
+def test_warmup_captures_the_decode_graph_and_leaves_no_trace(tiny_ckpt):
+    """The warm-up's throw-away turn captures the decode graph before any prompt."""
+    with LLMEngine(EngineConfig(model_path=tiny_ckpt, device="cuda", dtype="bfloat16",
+                                num_kv_blocks=64, max_model_len=1024,
+                                block_order_seed=6)) as engine:
+        before = engine.stats()
+        engine.warmup([(96, 96)])
+        assert engine.runner.decode_graph.captures == 1
+        assert engine.stats() == before
+        chat(engine, engine.new_conversation(), "Count the boxes.", max_tokens=20)
+        assert engine.runner.decode_graph.captures == 1

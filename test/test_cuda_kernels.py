@@ -27,10 +27,10 @@ import torch
 pytestmark = pytest.mark.gpu
 skip_without_cuda_kernels()
 
-from orin_llm_node import kernel_sources as ks  # noqa: E402
 from orin_llm_node.attention.cuda_backend import CudaPagedAttention  # noqa: E402
 from orin_llm_node.attention.torch_backend import TorchPagedAttention  # noqa: E402
-from orin_llm_node.cuda_ops import FusedOps, LaunchCounter, kernel_launcher  # noqa: E402
+from orin_llm_node.kernels import kernel_sources as ks  # noqa: E402
+from orin_llm_node.kernels.cuda_ops import FusedOps, LaunchCounter, kernel_launcher  # noqa: E402
 from orin_llm_node.layers import RMSNorm  # noqa: E402
 from orin_llm_node.layers.activation import silu_and_mul  # noqa: E402
 from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm  # noqa: E402

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from orin_llm_node import cuda_ops
+from orin_llm_node.kernels import cuda_ops
 
 cupy = pytest.importorskip("cupy", reason="needs CuPy (cupy-cuda12x / cupy-cuda13x)")
 

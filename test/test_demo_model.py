@@ -138,3 +138,28 @@ def test_camera_sized_frame_is_seen_at_the_trained_resolution():
     assert ask(eng, conv, 'And how many shapes are there?').text == 'one.'
     # 640x480 is resized to about 160x160: 5 x 4 merged cells, not ~300 image tokens.
     assert eng.prompts.image_processor.num_tokens(480, 640) <= 30
+
+
+def test_an_empty_model_path_is_the_demo_checkpoint():
+    """``EngineConfig(model_path='')`` loads the embedded demo, as the node's empty parameter."""
+    from orin_llm_node import package_files
+
+    cfg = EngineConfig(model_path='', device='cpu', dtype='float32', block_size=16,
+                       enable_cuda_graph=False, block_order_seed=3)
+    assert cfg.model_path == package_files.DEMO_MODEL_DIR
+    assert cfg.model_path.resolve() == DEMO.resolve()
+    assert EngineConfig(model_path='~/ckpt').model_path == Path.home() / 'ckpt'
+    with LLMEngine(cfg) as demo:
+        scene = shapes.simple_scene('circle', 'red', height=160, width=200,
+                                    background=(255, 255, 255))
+        assert ask(demo, demo.new_conversation(), 'What colour is the shape?',
+                   scene.image).text == 'red.'
+
+
+def test_one_chat_template_in_the_package(tiny_ckpt):
+    """The demo checkpoint's template is the one copy; tiny checkpoints are written from it."""
+    from orin_llm_node import package_files
+
+    found = sorted(package_files.PACKAGE_DIR.rglob('chat_template*'))
+    assert found == [package_files.DEMO_MODEL_DIR / 'chat_template.jinja']
+    assert (tiny_ckpt / 'chat_template.jinja').read_bytes() == found[0].read_bytes()

@@ -72,6 +72,26 @@ def test_decode_capture_is_replayed_once_and_an_empty_one_raises(model, records)
     torch.testing.assert_close(runner.decode_graph.logits, want, atol=1e-4, rtol=1e-4)
 
 
+def test_the_samplers_greedy_rule_decides_where_the_token_is_picked(model):
+    """The sampler's greedy rule (temperature 0) decides where the graph decode picks.
+
+    Greedy picks inside the graph; otherwise the sampler draws from the graph's masked logits
+    -- the same tokens as from the eager step.
+    """
+    eager, runner = _runner(model), _runner(model)
+    runner.decode_graph = CudaGraphDecode(runner)
+    runner.decode_graph.capturer = CpuGraphCapture()
+    token, table, context = _prefilled(eager)
+    _prefilled(runner)
+    logits = eager.decode(token, context - 1, table, context)
+    for params in (SamplingParams(), SamplingParams(temperature=0.9, seed=11),
+                   SamplingParams(temperature=1e-30)):
+        want, got = Sampler(params, CPU, {3}), Sampler(params, CPU, {3})
+        assert got.greedy is (params.temperature == 0)
+        assert runner.decode_sample(token, context - 1, table, context, got) == want(logits)
+    assert runner.decode_graph.captures == 1
+
+
 @pytest.mark.parametrize("records", [True, False], ids=["recording", "empty"])
 def test_prefill_capture_at_load_raises_on_an_empty_graph(model, records):
     runner = _runner(model, prefill_buckets=(16, 32))

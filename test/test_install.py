@@ -52,7 +52,7 @@ def audit(event, args):
 sys.addaudithook(audit)
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
-from orin_llm_node import kernel_sources
+from orin_llm_node.kernels import kernel_sources
 from orin_llm_node.package_files import DEMO_MODEL_DIR, PACKAGE_DIR, share_dir
 from orin_llm_node.testing import make_tiny_checkpoint
 

@@ -21,12 +21,13 @@ import numpy as np
 import pytest
 import torch
 
-from orin_llm_node import kernel_sources as ks
 from orin_llm_node.attention.cuda_backend import CudaPagedAttention
 from orin_llm_node.attention.torch_backend import TorchPagedAttention
-from orin_llm_node.cuda_ops import FusedOps
 from orin_llm_node.engine.structured import host_bitmask
-from orin_llm_node.layers import RMSNorm, dispatch
+from orin_llm_node.kernels import dispatch
+from orin_llm_node.kernels import kernel_sources as ks
+from orin_llm_node.kernels.cuda_ops import FusedOps
+from orin_llm_node.layers import RMSNorm
 from orin_llm_node.layers.activation import silu_and_mul
 from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm
 from orin_llm_node.layers.rotary_embedding import MRotaryEmbedding

@@ -189,6 +189,28 @@ def test_merged_projection_targets(key, target, shard):
     assert checkpoint_target(key) == (target, shard)
 
 
+def test_the_model_declares_every_layer_it_holds_merged(tiny_ckpt):
+    """``packed_modules_mapping`` (the loader reads it) names each merged layer of the model.
+
+    Each checkpoint part's shard id is one of that layer's shards, in checkpoint order.
+    """
+    from orin_llm_node.layers import LinearBase
+    from orin_llm_node.models import Qwen3VLForCausalLM
+
+    mapping = Qwen3VLForCausalLM.packed_modules_mapping
+    with torch.device('meta'):
+        model = Qwen3VLForCausalLM(load_config(tiny_ckpt))
+    merged = {name: m for name, m in model.named_modules()
+              if isinstance(m, LinearBase) and len(m.shards) > 1}
+    assert merged and {n.rpartition('.')[2] for n in merged} == {v[0] for v in mapping.values()}
+    for name, layer in merged.items():
+        parts = {hf: shard for hf, (ours, shard) in mapping.items()
+                 if ours == name.rpartition('.')[2]}
+        assert set(parts.values()) == set(layer.shards), name
+        assert checkpoint_names(f'{name}.weight') == [
+            f'{name.rpartition(".")[0]}.{hf}.weight' for hf in parts]
+
+
 def test_merged_projections_hold_the_checkpoint_tensors_in_order(tiny_ckpt):
     """qkv_proj = [q; k; v] and gate_up_proj = [gate; up] along the output dim."""
     tensors = load_file(tiny_ckpt / 'model.safetensors')

@@ -10,12 +10,12 @@ tests break one detail at a time and check that the same comparisons then fail.
 from dataclasses import dataclass
 from pathlib import Path
 
+from contiguous_attention import ContiguousAttention
 import numpy as np
 import pytest
 import torch
 
 from orin_llm_node.attention.base import causal_attention
-from orin_llm_node.attention.contiguous import ContiguousAttention
 from orin_llm_node.layers import rotary_embedding
 from orin_llm_node.models import load_model, qwen3_vl_text, qwen3_vl_vision
 from orin_llm_node.processing.rope_index import rope_positions

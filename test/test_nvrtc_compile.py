@@ -2,9 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Compile every CUDA kernel variant with NVRTC exactly as CuPy does on a GPU, without one.
 
-The sources and options come from ``orin_llm_node.kernel_sources``: what the runtime hands to
-``cupy.RawModule`` plus what CuPy adds (``-ftz=true``, ``--device-as-default-execution-space``,
-``-arch=sm_<device>``: ``KernelVariant.nvrtc_options``), for Orin (sm_87) and Hopper (sm_90),
+The sources and options come from ``orin_llm_node.kernels.kernel_sources``: what the runtime
+hands to ``cupy.RawModule`` plus what CuPy adds (``-ftz=true``,
+``--device-as-default-execution-space``, ``-arch=sm_<device>``:
+``KernelVariant.nvrtc_options``), for Orin (sm_87) and Hopper (sm_90),
 to PTX and a cubin, with the CUDA 12 NVRTC of the ``nvidia-cuda-nvrtc-cu12`` wheel through
 ``cuda.bindings`` (CuPy cannot: its compile asks the driver for the device). A syntax error in
 any ``.cu`` file fails this test.
@@ -15,7 +16,7 @@ import re
 
 import pytest
 
-from orin_llm_node import kernel_sources
+from orin_llm_node.kernels import kernel_sources
 
 nvrtc = pytest.importorskip(
     "cuda.bindings.nvrtc", reason="cuda-bindings (requirements/test.txt) is not installed"

@@ -20,9 +20,9 @@ import kernel_emulator
 import pytest
 import torch
 
-from orin_llm_node import kernel_sources as ks
 from orin_llm_node.attention.cuda_backend import CudaPagedAttention
 from orin_llm_node.attention.torch_backend import TorchPagedAttention
+from orin_llm_node.kernels import kernel_sources as ks
 
 pytestmark = pytest.mark.skipif(
     not kernel_emulator.compiler_available(), reason="g++ is needed to build the emulator"
@@ -157,7 +157,7 @@ def test_tiny_model_through_every_fused_kernel(tiny_ckpt, cached):
     """
     from orin_llm_node.engine.model_runner import ModelRunner
     from orin_llm_node.engine.prefill_graph import PrefillGraphs
-    from orin_llm_node.layers import dispatch
+    from orin_llm_node.kernels import dispatch
     from orin_llm_node.models.loader import load_model
     from orin_llm_node.processing.rope_index import rope_delta, rope_positions
 

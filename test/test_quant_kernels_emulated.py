@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``cuda_kernels/quant_linear.cu`` on the CPU (kernel emulator) against the torch path.
 
-``FusedOps(..., launch=emulated_launch(...))`` is installed through ``layers.dispatch``, so
+``FusedOps(..., launch=emulated_launch(...))`` is installed through ``kernels.dispatch``, so
 ``layer(x)`` runs the product wrapper (``cuda_ops.FusedOps.quant_linear``: grids, argument
 lists, the GEMV / dequantise + matmul split) with the kernels compiled as host C++. The GEMV
 is compared with a float64 product of the torch path's fp32 dequantised weight; the dequantise
@@ -14,8 +14,8 @@ import kernel_emulator
 import pytest
 import torch
 
-from orin_llm_node.cuda_ops import GEMV_MAX_ROWS, FusedOps
-from orin_llm_node.layers import dispatch
+from orin_llm_node.kernels import dispatch
+from orin_llm_node.kernels.cuda_ops import GEMV_MAX_ROWS, FusedOps
 from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear
 
 pytestmark = pytest.mark.skipif(

@@ -19,13 +19,13 @@ import torch
 pytestmark = pytest.mark.gpu
 skip_without_cuda_kernels()
 
-from orin_llm_node.cuda_ops import (  # noqa: E402
+from orin_llm_node.kernels import dispatch  # noqa: E402
+from orin_llm_node.kernels.cuda_ops import (  # noqa: E402
     GEMV_MAX_ROWS,
     FusedOps,
     LaunchCounter,
     kernel_launcher,
 )
-from orin_llm_node.layers import dispatch  # noqa: E402
 from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear  # noqa: E402
 
 DEV = torch.device("cuda")

@@ -25,7 +25,7 @@ from orin_llm_node.errors import ModelLoadError
 from orin_llm_node.models import load_model
 from orin_llm_node.models.loader import checkpoint_target, checkpoint_view
 from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear, QuantLinear
-from orin_llm_node.quantization.checkpoint import _unpack_dense
+from orin_llm_node.quantization.checkpoint_formats import _unpack_dense
 from orin_llm_node.quantization.int4 import pack_int4, unpack_int4
 
 transformers = pytest.importorskip('transformers')

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-from orin_llm_node import kernel_sources as ks
 from orin_llm_node.attention.cuda_backend import CudaPagedAttention
 from orin_llm_node.attention.torch_backend import TorchPagedAttention
+from orin_llm_node.kernels import kernel_sources as ks
 
 pytestmark = pytest.mark.skipif(
     not kernel_emulator.compiler_available(), reason="g++ is needed to build the emulator"

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Paged attention on CUDA with the kernels of ``cuda_kernels/``.
 
-The kernels are built and launched through ``orin_llm_node.cuda_ops``, the one module that
+The kernels are built and launched through ``orin_llm_node.kernels.cuda_ops``, the one module that
 touches CuPy.
 
 * q/k-norm + M-RoPE + KV write: ``qk_norm_rope_kv.cu``, one launch per layer from the merged
@@ -31,8 +31,8 @@ import math
 import numpy as np
 import torch
 
-from orin_llm_node import kernel_sources as ks
-from orin_llm_node.cuda_ops import TORCH_DTYPES, kernel_launcher
+from orin_llm_node.kernels import kernel_sources as ks
+from orin_llm_node.kernels.cuda_ops import TORCH_DTYPES, kernel_launcher
 
 from .base import AttentionBackend
 

@@ -7,7 +7,8 @@ from orin_llm_node.engine.config import EngineConfig, SamplingParams
 from orin_llm_node.engine.conversation import Conversation
 from orin_llm_node.engine.finish_reason import FinishReason
 from orin_llm_node.engine.kv_manager import PoolStats
-from orin_llm_node.engine.llm_engine import ChatResult, EngineStats, LLMEngine, StreamEvent
+from orin_llm_node.engine.llm_engine import EngineStats, LLMEngine
+from orin_llm_node.engine.turn import ChatResult, StreamEvent
 
 __all__ = [
     "BlockPool",

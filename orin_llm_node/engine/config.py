@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from orin_llm_node import package_files
+from orin_llm_node.kernels.backend_factory import ATTENTION_BACKENDS
 from orin_llm_node.quantization import AT_LOAD_FORMATS
 
 from .structured import check_response_format
 
 _DEVICES = ("auto", "cpu", "cuda")
-#: Values of ``attention_backend`` (see ``model_runner.make_attention_backend``).
-ATTENTION_BACKENDS = ("auto", "cuda", "torch")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -42,6 +42,17 @@ def _positive_int(name, value, allow_none=False):
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _model_dir(model_path: str | Path) -> Path:
+    # The checkpoint directory; an empty one is the demo checkpoint when it is installed.
+    if str(model_path):
+        return Path(model_path).expanduser()
+    demo = package_files.DEMO_MODEL_DIR
+    if (demo / "config.json").is_file():
+        return demo
+    raise ValueError(f"model_path is empty and the demo checkpoint is not installed ({demo}): "
+                     "set model_path to a Qwen3-VL checkpoint directory")
 
 
 @dataclass
@@ -72,28 +83,12 @@ class EngineConfig:
     symmetric), ``"int4_asym"`` or ``"fp8"`` quantize a float checkpoint's decoder projections
     while loading (weight-only, round-to-nearest, no calibration).
 
-    The ROS node's parameters keep ROS names where they say more on the command line; this is
-    the whole mapping (ROS parameter -> engine field; 0 / empty / negative means "unset")::
+    ``model_path``: the checkpoint directory (``~`` expanded); empty means the embedded demo
+    checkpoint (``package_files.DEMO_MODEL_DIR``), as the node's empty ``model_path`` does.
 
-        model_path (empty: demo model)   -> EngineConfig.model_path
-        device, dtype                    -> EngineConfig.device, EngineConfig.dtype
-        quantization                     -> EngineConfig.quantization
-        kv_block_size                    -> EngineConfig.block_size
-        kv_cache_memory_mb (0: derive)   -> EngineConfig.kv_cache_memory_mb
-        max_model_len                    -> EngineConfig.max_model_len
-        enable_prefix_cache              -> EngineConfig.enable_prefix_cache
-        enable_cuda_graph                -> EngineConfig.enable_cuda_graph
-        attention_backend                -> EngineConfig.attention_backend
-        image_max_pixels (0: checkpoint) -> EngineConfig.image_max_pixels
-        image_min_pixels (0: checkpoint) -> EngineConfig.image_min_pixels
-        max_new_tokens                   -> SamplingParams.max_tokens
-        temperature, top_p, top_k        -> SamplingParams.temperature, .top_p, .top_k
-        seed (negative: random)          -> SamplingParams.seed
-        max_generation_s (0: none)       -> SamplingParams.timeout_s
-        system_prompt (empty: none)      -> LLMEngine.new_conversation(system_prompt)
-
-    The node's other parameters (image QoS and age, queue, diagnostics, conversation mode) are
-    its own.
+    The ROS node's parameters that set these fields, and ``SamplingParams``' (ROS names where
+    they say more on the command line): the engine column of the parameter table,
+    ``ros/parameters.py``.
     """
 
     model_path: str | Path
@@ -121,9 +116,7 @@ class EngineConfig:
     prefill_chunk_tokens: int = 2048
 
     def __post_init__(self):
-        if not str(self.model_path):
-            raise ValueError("model_path must not be empty")
-        self.model_path = Path(self.model_path)
+        self.model_path = _model_dir(self.model_path)
         if self.device not in _DEVICES and not str(self.device).startswith("cuda:"):
             raise ValueError(
                 f"device must be one of {_DEVICES} (or 'cuda:N'), got {self.device!r}"
@@ -194,7 +187,7 @@ class SamplingParams:
     ``[0, 2**64 - 1]``, None = random) makes sampling reproducible; ``timeout_s`` ends the
     answer with ``finish_reason="timeout"``. A temperature other than 0 must be in
     ``[MIN_TEMPERATURE, MAX_TEMPERATURE]`` (why: ``MIN_TEMPERATURE``). The ROS parameters that
-    set these: ``EngineConfig``'s docstring.
+    set these: the engine column of ``ros/parameters.py``'s table.
 
     ``response_format`` constrains the answer (``engine/structured.py``):
     ``{"type": "json_object"}``, ``{"type": "json_schema", "schema": {...}}`` or
@@ -240,8 +233,3 @@ class SamplingParams:
         if self.response_format is not None and self.ignore_eos:
             raise ValueError("ignore_eos cannot be combined with response_format (the grammar "
                              "decides where the answer ends)")
-
-    @property
-    def greedy(self) -> bool:
-        """True when decoding is argmax (temperature 0)."""
-        return self.temperature == 0.0

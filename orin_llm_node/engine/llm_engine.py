@@ -8,55 +8,48 @@ reads nothing that a turn changes. Any other call made while one runs (on anothe
 while a ``chat_stream`` generator is left open) raises ``RuntimeError`` (``thread_guard``).
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 import logging
 import math
 import threading
 import time
 import weakref
 
-import numpy as np
 import torch
 
-from orin_llm_node.models import VisionOutput, load_model
+from orin_llm_node.models import load_model
 from orin_llm_node.models.loader import check_stop
 from orin_llm_node.processing import (
     ChatTemplate,
     ImageProcessor,
     PromptBuilder,
     Tokenizer,
-    VideoClip,
     VideoProcessor,
-    VideoRef,
 )
 from orin_llm_node.quantization import model_weight_bytes
 
 from .block_pool import BlockPool
 from .config import EngineConfig, SamplingParams
 from .conversation import Conversation
-from .detokenizer import IncrementalDetokenizer
 from .finish_reason import FinishReason
 from .kv_manager import KVBlocks, KVCacheManager, PoolStats
 from .memory_plan import MemoryPlanError, plan_memory
 from .model_runner import ModelRunner
-from .sampler import NonFiniteLogits, Sampler
+from .sampler import Sampler
 from .structured import (
     GrammarDeadEnd,
     GrammarTokenizer,
     check_response_format,
-    parse_answer,
     structured_available,
 )
 from .thread_guard import SingleThreadGuard
+from .turn import ChatResult, StreamEvent, TurnLoop, TurnState, check_text, message_parts
 from .vision_cache import VisionCache
+from .warmup import COMMON_FRAME_SIZES, throwaway_turn, vision_grids
 
 __all__ = ["ChatResult", "EngineStats", "LLMEngine", "StreamEvent"]
 
 log = logging.getLogger(__name__)
-
-#: Camera frame sizes (height, width) ``warmup`` prepares when given none: VGA, the 16:9
-#: sizes of common depth/colour cameras, and a square crop.
-COMMON_FRAME_SIZES = ((480, 640), (480, 848), (720, 1280), (1080, 1920), (448, 448))
 
 
 @dataclass(frozen=True)
@@ -67,64 +60,17 @@ class EngineStats(PoolStats):
     vision_cache_misses: int
 
 
-@dataclass
-class ChatResult:
-    """The outcome of one turn.
-
-    ``prompt_token_ids``: everything attended for this turn (history included, after any
-    dropped turns); ``prompt_images``: the images inside it, in order, as the model sees them
-    (resized: the reference image processor gives the same patches from them as from the
-    caller's frames); ``prompt_videos``: the
-    video clips inside it, in order, each as the model saw it (the sampled frames at model
-    size, with their timestamps: ``VideoProcessor.patchify`` gives the reference's pixel input);
-    images and clips are two lists, as the reference takes them (``pixel_values`` and
-    ``pixel_values_videos``); ``token_ids``: the
-    generated ids (a stop token included); ``cached_tokens``: prompt tokens reused from the KV
-    cache; ``error``: why the prompt could not run, or why the turn failed
-    (``finish_reason == "error"``: a grammar dead end, an unparsable JSON answer, or a step
-    whose logits left no token to pick -- NaN, +inf, or every token masked; the turn left no
-    trace in the conversation).
-
-    A constrained answer (``SamplingParams.response_format``) also has ``valid``: True exactly
-    when ``finish_reason == "stop"`` (its grammar completed; a ``"length"`` answer is
-    incomplete and never valid) and ``parsed``: the answer's JSON value when valid (``None``
-    for a regex; see ``structured.parse_answer`` for numbers beyond a float's range).
-    Unconstrained answers keep ``valid = None``.
-    """
-
-    text: str
-    token_ids: list[int]
-    prompt_token_ids: list[int]
-    prompt_images: list[np.ndarray]
-    finish_reason: str
-    prompt_videos: list[VideoClip] = field(default_factory=list)
-    cached_tokens: int = 0
-    ttft_s: float = 0.0
-    decode_tok_s: float = 0.0
-    vision_s: float = 0.0
-    dropped_turns: int = 0
-    error: str | None = None
-    valid: bool | None = None
-    parsed: object = None
-
-
-@dataclass
-class StreamEvent:
-    """One step of ``chat_stream``: a text delta, and on the last event the ``ChatResult``."""
-
-    delta: str
-    token_id: int | None = None
-    result: ChatResult | None = None
-
-
 class LLMEngine:
     """Qwen3-VL on a paged KV cache with a prefix cache across turns."""
 
-    def __init__(self, config: EngineConfig, should_stop=None):
+    def __init__(self, config: EngineConfig, should_stop=None, *, kernel_launcher=None):
         """Load ``config.model_path`` and size the KV pool.
 
         ``should_stop`` (a callable, e.g. a stop flag's ``is_set``) is asked between shards and
-        tensors; ``LoadInterrupted`` is raised when it answers True.
+        tensors; ``LoadInterrupted`` is raised when it answers True. ``kernel_launcher``
+        builds the CUDA kernels (``kernels.backend_factory.make_attention_backend``; None:
+        CuPy on a CUDA device); tests pass the CPU kernel emulator's. Use the engine in a
+        ``with`` block, or call :meth:`close`, to give back what it holds.
         """
         self.config = config
         self.device = config.resolve_device()
@@ -154,7 +100,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks, config.block_size,
                                   config.max_model_len, self.device, self.dtype,
                                   enable_cuda_graph=config.enable_cuda_graph,
-                                  attention_backend=config.attention_backend)
+                                  attention_backend=config.attention_backend,
+                                  launcher=kernel_launcher)
         self.pool = BlockPool(num_blocks, config.block_size, self.runner.bytes_per_block,
                               config.block_order_seed)
         self.kv = KVCacheManager(self.pool, config.max_model_len, config.enable_prefix_cache)
@@ -164,6 +111,7 @@ class LLMEngine:
         self._grammar_tokenizer = None  # built at warm-up or by the first constrained answer
         self._cancel = threading.Event()
         self._guard = SingleThreadGuard()
+        self._turns = TurnLoop(self, self._cancel)
         # Every live conversation (for reset()); a weak map, so dropping one frees it.
         self._conversations: weakref.WeakValueDictionary[int, Conversation] = (
             weakref.WeakValueDictionary())
@@ -177,6 +125,32 @@ class LLMEngine:
         )
 
     # ---- public API ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Give back what the engine holds; a closed engine refuses to run.
+
+        Its fused kernels are no longer installed anywhere (they were only ever installed
+        around its own steps), and its model, KV cache, graphs and cached vision rows are
+        dropped, so their memory is freed once nothing else refers to them. Afterwards
+        ``chat``, ``chat_stream``, ``new_conversation``, ``reset``, ``warmup``, ``stats`` and
+        ``check_response_format`` raise ``RuntimeError``. Closing a closed engine does
+        nothing; closing it while a turn runs raises ``RuntimeError``.
+        """
+        if self._guard.closed:
+            return
+        with self._guard.hold("close"):
+            self.runner.close()
+            self.runner = self.model = self._turns = self._grammar_tokenizer = None
+            self.vision_cache = VisionCache(0)
+            self._guard.close()
+
+    def __enter__(self) -> "LLMEngine":
+        """The engine itself; :meth:`close` when the block ends."""
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """:meth:`close`."""
+        self.close()
 
     @property
     def uses_cuda_graph(self) -> bool:
@@ -237,12 +211,13 @@ class LLMEngine:
         Any thread may call it, as ``check_system_prompt`` (after ``warmup`` the vocabulary is
         indexed; each call compiles a fresh matcher and touches no engine state).
         """
+        self._guard.peek_closed("check_response_format")
         self._grammar_for(check_response_format(response_format))
 
     def _system_piece(self, system_prompt):
         if system_prompt is None:
             return self.prompts.system_piece(None)
-        _check_text("system prompt", system_prompt)
+        check_text("system prompt", system_prompt)
         piece = self.prompts.system_piece(system_prompt)
         shortest = len(piece.token_ids) + len(
             self.prompts.user_turn(piece.messages, "", []).token_ids)
@@ -267,11 +242,13 @@ class LLMEngine:
         height, width)`` of the clips to come, after sampling at the model's fps; sized as a
         real clip, within ``video_max_pixels``), which keeps the grid's position embeddings
         and rotary and, on a GPU, loads the tower's kernels for that shape; then captures the
-        bucketed prefill graphs (CUDA only), and indexes the vocabulary for constrained
-        decoding when llguidance is installed (1-3 s at 151,936 tokens). Call it on the thread
-        that will run the engine; nothing is added to the vision or prefix caches.
-        ``should_stop`` (a callable) is asked before each step; ``LoadInterrupted`` is raised
-        when it answers True.
+        bucketed prefill graphs (CUDA only), indexes the vocabulary for constrained decoding
+        when llguidance is installed (1-3 s at 151,936 tokens), and runs one throw-away turn
+        (``warmup.throwaway_turn``: a grey frame of the smallest of those image grids, or
+        text alone without one; the first decode step captures the decode graph). Call it on
+        the thread that will run the engine; nothing is added to the vision or prefix caches
+        and no counter moves. ``should_stop`` (a callable) is asked before each step;
+        ``LoadInterrupted`` is raised when it answers True.
         """
         with self._guard.hold("warmup"):
             return self._warmup(COMMON_FRAME_SIZES if image_sizes is None else image_sizes,
@@ -279,16 +256,10 @@ class LLMEngine:
 
     def _warmup(self, image_sizes, video_sizes, should_stop) -> float:
         t0 = time.perf_counter()
-        processor, video = self.prompts.image_processor, self.prompts.video_processor
-        # The grid follows from the size alone (no frame is built, resized or patched): the
-        # tower runs once per distinct grid on zero patches, its values do not matter.
+        processor = self.prompts.image_processor
+        grids = vision_grids(processor, self.prompts.video_processor, image_sizes, video_sizes)
+        # The tower runs once per distinct grid on zero patches: its values do not matter.
         p, t = processor.patch_size, processor.temporal_patch_size
-        grids = {(1, h // p, w // p) for h, w in
-                 (processor.target_size(int(h), int(w)) for h, w in image_sizes)}
-        for n, height, width in video_sizes:
-            h, w = video.target_size(int(n), int(height), int(width))
-            grids.add((-(-int(n) // video.temporal_patch_size), h // video.patch_size,
-                       w // video.patch_size))
         for grid in grids:
             check_stop(should_stop, "warming up the vision tower")
             self.runner.encode_image(
@@ -298,11 +269,18 @@ class LLMEngine:
         if structured_available():
             check_stop(should_stop, "warming up")
             self._index_vocabulary()
+        check_stop(should_stop, "warming up")
+        frames = [(g[1] * g[2], size) for g, size in grids.items() if size is not None]
+        turn = throwaway_turn(self.runner, self.prompts, self.pool,
+                              Sampler(SamplingParams(max_tokens=2), self.device, self._banned),
+                              min(frames)[1] if frames else None, self.config.max_model_len,
+                              self.config.prefill_chunk_tokens)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
-        log.info("warm-up: %d vision grid(s) %s, prefill graphs %s, %.2f s", len(grids),
-                 sorted(grids), "captured" if self.runner.prefill_graphs else "off", seconds)
+        log.info("warm-up: %d vision grid(s) %s, prefill graphs %s, throw-away turn %s, %.2f s",
+                 len(grids), sorted(grids), "captured" if self.runner.prefill_graphs else "off",
+                 "run" if turn else "skipped", seconds)
         return seconds
 
     def cancel(self) -> None:
@@ -366,51 +344,36 @@ class LLMEngine:
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
-        if isinstance(text, (list, tuple)):  # interleaved parts: text, images, clips
-            parts = list(text)
-            for part in parts:
-                if isinstance(part, str):
-                    _check_text("text", part)
-        else:
-            _check_text("text", text)
-            parts = [text]
-        if isinstance(images, np.ndarray):
-            raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
-                             "array (pass [image])")
-        if isinstance(videos, VideoClip):
-            raise ValueError("videos must be a list of VideoClips, got one bare clip "
-                             "(pass [clip])")
-        for clip in videos or []:
-            if not isinstance(clip, VideoClip):
-                raise ValueError(f"videos must hold VideoClips, got {type(clip).__name__}")
+        parts = message_parts(text, images, videos)
         grammar = self._grammar_for(sampling.response_format)
         # Built first: SamplingParams is a plain dataclass, a value changed after construction
         # is checked here, before the turn opens.
         sampler = Sampler(sampling, self.device, self._banned, grammar)
         turn = self.prompts.user_turn(conv.messages(), parts, list(images or []),
                                       list(videos or []))
+        loop = self._turns
         before = conv.checkpoint()
         try:
             plan = self.kv.admit(conv, turn, sampling.max_tokens)
         except BaseException:
-            self._roll_back(conv, before)
+            loop.roll_back(conv, before)
             raise
         if plan.refused:
-            yield StreamEvent("", result=self._refused(conv, turn, plan))
+            yield StreamEvent("", result=loop.refused(conv, turn, plan))
             return
-        state = _TurnState(t0, conv.num_kv_tokens, plan.drop)
+        state = TurnState(t0, conv.num_kv_tokens, plan.drop)
         state.response_format, state.grammar = sampling.response_format, grammar
         try:
-            yield from self._generate(conv, sampler, state, turn.pixel_values)
+            yield from loop.generate(conv, sampler, state, turn.pixel_values)
         except GrammarDeadEnd as exc:
             state.finish, state.error = FinishReason.ERROR, str(exc)
         except GeneratorExit:  # the stream was closed early: a cancelled answer, kept
-            self._close_turn(conv, state, before)
+            loop.close_turn(conv, state, before)
             raise
         except BaseException:
-            self._roll_back(conv, before)
+            loop.roll_back(conv, before)
             raise
-        self._close_turn(conv, state, before)
+        loop.close_turn(conv, state, before)
         yield StreamEvent(state.tail, result=state.result)
 
     def _grammar_for(self, response_format):
@@ -429,210 +392,3 @@ class LLMEngine:
             log.info("constrained decoding: vocabulary indexed in %.2f s",
                      time.perf_counter() - t0)
         return self._grammar_tokenizer
-
-    def _refused(self, conv, turn, plan) -> ChatResult:
-        log.warning("prompt not run (%s): %s", plan.refused, plan.reason)
-        tokens, spans = conv.without_oldest(0, turn)
-        images, videos = _prompt_media(spans)
-        return ChatResult("", [], tokens, images, plan.refused, prompt_videos=videos,
-                          error=plan.reason)
-
-    def _vision_rows(self, spans, start: int, fresh) -> tuple[VisionOutput | None, float]:
-        # Vision rows of every image or video pad at or after token index ``start``, in order.
-        # A prefix hit may end inside an image or clip: its uncached pads still need their
-        # rows. ``fresh``: the new turn's pixel patches by key; older media are patched again.
-        parts, t0 = [], time.perf_counter()
-        for s, ref in spans:
-            if s + ref.num_tokens <= start:
-                continue
-            key = (ref.key, ref.grid_thw)
-            out = self.vision_cache.get(key)
-            if out is None:
-                pixels = fresh.get(ref.key)
-                if pixels is None:
-                    pixels = self.prompts.pixel_values(ref)
-                out = self.runner.encode_image(pixels, ref.grid_thw)
-                self.vision_cache.put(key, out)
-            lo = ref.rows_before(start - s)
-            parts.append(out[lo:] if lo else out)
-        if not parts:
-            return None, 0.0
-        if len(parts) > 1:
-            parts = [VisionOutput(
-                torch.cat([p.embeds for p in parts]),
-                tuple(torch.cat(level) for level in zip(*(p.deepstack for p in parts),
-                                                         strict=True)),
-            )]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return parts[0], time.perf_counter() - t0
-
-    def _generate(self, conv: Conversation, sampler: Sampler, state: "_TurnState", pixels):
-        kv, runner, sampling = self.kv, self.runner, sampler.params
-        prompt = list(conv.token_ids)
-        spans = conv.media_spans()
-        state.prompt_ids = prompt
-        state.images, state.videos = _prompt_media(spans)
-        positions, next_pos = self.prompts.positions(prompt, spans)
-        deadline = None if sampling.timeout_s is None else state.t0 + sampling.timeout_s
-        # The deadline and cancel() cover the prefill too: checked before the vision tower,
-        # after it and between prefill chunks (the KV of the chunks done is kept: a later turn
-        # reuses it).
-        if self._prefill_stopped(state, deadline):
-            return
-        visual, state.vision_s = self._vision_rows(spans, state.cached, pixels)
-        if self._prefill_stopped(state, deadline):
-            return
-        for written, chunk_logits in runner.prefill_chunks(
-                prompt[state.cached:], positions[:, state.cached:], conv.block_table,
-                state.cached, visual, self.config.prefill_chunk_tokens):
-            kv.kv_written(conv, written)
-            logits = chunk_logits
-            if written < len(prompt) and self._prefill_stopped(state, deadline):
-                return
-        detok = state.detok = IncrementalDetokenizer(self.tokenizer.decode)
-        eos = set() if sampling.ignore_eos else set(self.tokenizer.eos_ids)
-        gen = state.token_ids
-        try:
-            token = sampler(logits)
-        except NonFiniteLogits as exc:
-            state.no_token(exc)
-            return
-        while True:
-            now = time.perf_counter()
-            if not gen:
-                state.t_first = now
-            state.t_last = now
-            gen.append(token)
-            conv.append_token(token)
-            sampler.accept(token)
-            if token in eos:
-                state.finish = FinishReason.STOP
-                return
-            delta = detok.add(token)
-            yield StreamEvent(delta, token)
-            if len(gen) >= sampling.max_tokens:
-                state.finish = FinishReason.LENGTH
-                return
-            if len(conv.token_ids) >= self.config.max_model_len:
-                state.finish = FinishReason.CONTEXT_FULL
-                return
-            if self._cancel.is_set():
-                state.finish = FinishReason.CANCELLED
-                return
-            if deadline is not None and time.perf_counter() >= deadline:
-                state.finish = FinishReason.TIMEOUT
-                return
-            context = len(conv.token_ids)
-            if not kv.extend(conv, context):
-                log.warning("KV pool exhausted: answer truncated after %d tokens", len(gen))
-                state.finish = FinishReason.KV_EXHAUSTED
-                return
-            # Under a CUDA graph the token mask is applied inside the graph (greedy: the argmax
-            # too, then one 8-byte copy); a grammar's mask is computed while the GPU runs.
-            try:
-                token = runner.decode_sample(token, next_pos + len(gen) - 1, conv.block_table,
-                                             context, sampler)
-            except NonFiniteLogits as exc:
-                state.no_token(exc)
-                return
-            kv.kv_written(conv, context)
-
-    def _prefill_stopped(self, state: "_TurnState", deadline: float | None) -> bool:
-        # Whether cancel() or the deadline ends the turn before its first token.
-        if self._cancel.is_set():
-            state.finish = FinishReason.CANCELLED
-        elif deadline is not None and time.perf_counter() >= deadline:
-            state.finish = FinishReason.TIMEOUT
-        return state.finish is not None
-
-    def _close_turn(self, conv: Conversation, state: "_TurnState", before) -> None:
-        # Runs whatever ended the turn but an exception: an answer (finished, cut short or
-        # cancelled) stays in the history, closed with <|im_end|>; a failed one (its grammar
-        # reached a dead end, or its JSON cannot be parsed) leaves none.
-        state.finish = state.finish or FinishReason.CANCELLED
-        state.tail = state.detok.flush() if state.detok else ""
-        text = state.detok.text if state.detok else ""
-        valid = parsed = None
-        if state.grammar is not None:
-            valid = state.finish == FinishReason.STOP and state.grammar.complete
-            try:
-                parsed = parse_answer(state.response_format, text) if valid else None
-            except ValueError as exc:
-                state.finish, state.error, valid = FinishReason.ERROR, str(exc), False
-        if state.finish == FinishReason.ERROR:
-            self._roll_back(conv, before)
-        else:
-            conv.close_turn(text, self.tokenizer.im_end_id)
-            self.kv.finish(conv)
-        gen = state.token_ids
-        decode_s = state.t_last - state.t_first
-        state.result = ChatResult(
-            text=text,
-            token_ids=list(gen),
-            prompt_token_ids=state.prompt_ids,
-            prompt_images=state.images,
-            prompt_videos=state.videos,
-            finish_reason=state.finish,
-            cached_tokens=state.cached,
-            ttft_s=(state.t_first - state.t0) if gen else 0.0,
-            decode_tok_s=(len(gen) - 1) / decode_s if len(gen) > 1 and decode_s > 0 else 0.0,
-            vision_s=state.vision_s,
-            dropped_turns=state.dropped,
-            error=state.error,
-            valid=valid,
-            parsed=parsed,
-        )
-
-    def _roll_back(self, conv: Conversation, before) -> None:
-        # A failed turn leaves no trace: the conversation's blocks go back to the pool (hashed
-        # ones stay cached, so the restored history's prefix still hits) and its history is
-        # ``before``'s again (turns dropped to make room for the turn included).
-        self.kv.finish(conv)
-        self.kv.release(conv)
-        conv.restore(before)
-
-
-def _check_text(what: str, text) -> None:
-    # ValueError unless ``text`` is a str that encodes to UTF-8 (no lone surrogates).
-    if not isinstance(text, str):
-        raise ValueError(f"{what} must be a str, got {type(text).__name__}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{what} is not valid Unicode: lone surrogate {text[exc.start]!r} "
-                         f"at index {exc.start}") from None
-
-
-def _prompt_media(spans) -> tuple[list[np.ndarray], list[VideoClip]]:
-    # The images and the clips of a prompt's media spans, each in prompt order.
-    images = [ref.rgb for _, ref in spans if not isinstance(ref, VideoRef)]
-    videos = [ref.clip for _, ref in spans if isinstance(ref, VideoRef)]
-    return images, videos
-
-
-class _TurnState:
-    """Mutable bookkeeping of the turn in progress (shared by the generator and its cleanup)."""
-
-    def __init__(self, t0: float, cached: int, dropped: int):
-        self.t0, self.cached, self.dropped = t0, cached, dropped
-        self.t_first = self.t_last = t0
-        self.prompt_ids: list[int] = []
-        self.images: list[np.ndarray] = []
-        self.videos: list[VideoClip] = []
-        self.token_ids: list[int] = []
-        self.detok: IncrementalDetokenizer | None = None
-        self.finish: str | None = None
-        self.error: str | None = None  # why a failed turn failed
-        self.vision_s = 0.0
-        self.response_format: dict | None = None
-        self.grammar = None  # structured.Grammar of a constrained answer
-        self.tail = ""
-        self.error: str | None = None
-        self.result: ChatResult | None = None
-
-    def no_token(self, exc: NonFiniteLogits) -> None:
-        """End the answer: a step's logits left nothing to pick (the engine goes on)."""
-        log.warning("answer ended after %d tokens: %s", len(self.token_ids), exc)
-        self.finish, self.error = FinishReason.ERROR, str(exc)
-

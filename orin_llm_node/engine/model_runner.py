@@ -13,25 +13,27 @@ tokens -- applied to the logits, then the argmax), so a greedy step is two repla
 8-byte copy of the token id to the host. A constrained step computes its grammar mask on the
 host while the GPU runs the forward graph and copies it in before the pick graph runs.
 
-The attention backend comes from the one factory below (``attention_backend``: auto / cuda /
-torch); with the CUDA kernels it also installs the fused RMSNorm / SiLU / quantized-linear
-kernels (``cuda_ops.FusedOps``) for the layers (``layers.dispatch``).
+The attention backend comes from the one factory (``kernels.backend_factory``:
+``attention_backend`` auto / cuda / torch); with the CUDA kernels it also gives the fused
+RMSNorm / SiLU / quantized-linear ops (``cuda_ops.FusedOps``), which the runner installs for
+the layers (``kernels.dispatch``) around each of its own steps only, and drops on ``close``.
 """
 
+from contextlib import nullcontext
+from functools import wraps
 import logging
 import math
 
 import numpy as np
 import torch
 
-from orin_llm_node.attention.torch_backend import TorchPagedAttention
-from orin_llm_node.layers import dispatch
+from orin_llm_node.kernels import dispatch
+from orin_llm_node.kernels.backend_factory import make_attention_backend
 
-from .config import ATTENTION_BACKENDS
 from .prefill_graph import DEFAULT_BUCKETS, PrefillGraphs
 from .structured import apply_bitmask, host_bitmask
 
-__all__ = ["ModelRunner", "kv_bytes_per_block", "make_attention_backend"]
+__all__ = ["ModelRunner", "kv_bytes_per_block"]
 
 log = logging.getLogger(__name__)
 
@@ -45,74 +47,29 @@ def kv_bytes_per_block(text_cfg, block_size: int, dtype: torch.dtype) -> int:
     )
 
 
-def make_attention_backend(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int,
-                           choice: str = "auto", launcher=None):
-    """The paged attention backend (the one factory), and why ``auto`` fell back, if it did.
+def _with_fused_ops(step):
+    # The runner's fused ops are what the layers dispatch to while ``step`` runs (a graph
+    # captured inside holds their kernels); outside its steps, and in other runners, they
+    # are not installed.
+    @wraps(step)
+    def run(self, *args, **kwargs):
+        with self.fused_ops_installed():
+            return step(self, *args, **kwargs)
 
-    ``choice`` (:data:`ATTENTION_BACKENDS`):
-
-    * ``torch``: the torch implementation; CuPy is never touched.
-    * ``cuda``: the CUDA kernels (``CudaPagedAttention``, and the layers' fused kernels
-      installed for the KV tensor's device and dtype). Anything that stops them -- no CUDA
-      device, CuPy missing, a compile or module-load error, an unsupported head_dim or dtype --
-      raises.
-    * ``auto``: ``cuda`` when the kernels can be built and run, else ``torch`` with one WARN
-      line; the reason is returned (the ``generation`` diagnostics report it). Without CUDA
-      (and no ``launcher``) it is ``torch`` with no reason to report.
-
-    ``launcher(dtype, head_dim, device) -> launch`` builds the kernels (``launch(name, grid,
-    block, args)``): ``cuda_ops.kernel_launcher`` (CuPy) on a CUDA device when None; tests pass
-    the CPU kernel emulator's, or one that fails as CuPy does. Returns ``(backend, reason)``,
-    ``reason`` None unless ``auto`` fell back.
-    """
-    if choice not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {choice!r}")
-    if choice == "torch":
-        return TorchPagedAttention(kv_cache), None
-    if launcher is None:
-        if kv_cache.device.type != "cuda":
-            if choice == "cuda":
-                raise ValueError("attention_backend 'cuda' needs a CUDA device, the KV cache is "
-                                 f"on {kv_cache.device} (use 'auto' or 'torch')")
-            return TorchPagedAttention(kv_cache), None
-        from orin_llm_node.cuda_ops import kernel_launcher as launcher
-    try:
-        return _cuda_attention(kv_cache, num_q_heads, max_model_len, launcher), None
-    except Exception as exc:  # CuPy raises many types: import, NVRTC, driver, load
-        lines = str(exc).strip().splitlines()
-        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-        if choice == "cuda":
-            raise RuntimeError(f"attention_backend 'cuda': the CUDA kernels cannot run on "
-                               f"{kv_cache.device}: {reason}") from exc
-    log.warning("CUDA kernels unavailable on %s, attention runs on torch without CUDA graphs "
-                "(attention_backend 'auto'): %s", kv_cache.device, reason)
-    return TorchPagedAttention(kv_cache), reason
-
-
-def _cuda_attention(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int, launcher):
-    """CudaPagedAttention over ``kv_cache``, warmed up, and the fused layer kernels installed.
-
-    Nothing is installed unless every step (build, load, a first launch of each kernel)
-    succeeded.
-    """
-    from orin_llm_node.attention.cuda_backend import CudaPagedAttention
-    from orin_llm_node.cuda_ops import FusedOps
-
-    head_dim = kv_cache.shape[-1]
-    launch = launcher(kv_cache.dtype, head_dim, kv_cache.device)
-    backend = CudaPagedAttention(kv_cache, num_q_heads, max_model_len, launch=launch)
-    backend.warmup()
-    dispatch.install(kv_cache.device, kv_cache.dtype,
-                     FusedOps(kv_cache.dtype, head_dim, kv_cache.device, launch=launch))
-    return backend
+    return run
 
 
 class ModelRunner:
-    """Owns the paged KV tensor and runs the model for prefill and decode steps."""
+    """Owns the paged KV tensor and runs the model for prefill and decode steps.
+
+    ``launcher`` builds the CUDA kernels (``make_attention_backend``); tests pass the CPU
+    kernel emulator's.
+    """
 
     def __init__(self, model, num_blocks: int, block_size: int, max_model_len: int,
                  device: torch.device, dtype: torch.dtype, enable_cuda_graph: bool = False,
-                 prefill_buckets: tuple[int, ...] | None = None, attention_backend: str = "auto"):
+                 prefill_buckets: tuple[int, ...] | None = None, attention_backend: str = "auto",
+                 launcher=None):
         tc = model.config.text
         self.model = model
         # cuda:<index>, never a bare "cuda": graphs are captured on this device's own stream
@@ -126,9 +83,12 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.bytes_per_block = kv_bytes_per_block(tc, block_size, dtype)
-        # backend_fallback_reason: why 'auto' runs torch on CUDA (None: it did not fall back).
-        self.attn, self.backend_fallback_reason = make_attention_backend(
-            self.kv_cache, tc.num_attention_heads, max_model_len, attention_backend)
+        # backend_fallback_reason: why 'auto' runs torch on CUDA (None: it did not fall back);
+        # fused_ops: the layers' fused kernels beside the CUDA attention (None: torch bodies).
+        self.attn, self.fused_ops, self.backend_fallback_reason = make_attention_backend(
+            self.kv_cache, tc.num_attention_heads, max_model_len, attention_backend, launcher)
+        self._fused_scope = (nullcontext() if self.fused_ops is None else
+                             dispatch.installed(self.device, dtype, self.fused_ops))
         # CUDA Graph decode (engine/cuda_graph.py): needs a backend that reads its per-step
         # metadata from device memory (graph_safe); captured on the first decode step,
         # replayed by run_decode after prepare_decode has written the static buffers.
@@ -170,8 +130,22 @@ class ModelRunner:
         """Whether decode steps replay a captured CUDA graph (not merely enabled)."""
         return self.decode_graph is not None
 
+    def fused_ops_installed(self):
+        """A ``with`` block in which the layers dispatch to this runner's fused ops (if any)."""
+        return self._fused_scope
+
+    def close(self) -> None:
+        """Drop the fused ops, the graphs, the attention backend and the KV tensor.
+
+        Nothing of this runner stays installed or referenced by it; it cannot run again.
+        """
+        self.fused_ops = self.attn = self.decode_graph = self.prefill_graphs = None
+        self.model = self.kv_cache = self._mask_sampler = None
+        self._fused_scope = nullcontext()
+
     # ---- vision ----------------------------------------------------------------------------
 
+    @_with_fused_ops
     @torch.inference_mode()
     def encode_image(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]):
         """Vision tower output (merger + DeepStack rows) of one image, on the device."""
@@ -187,6 +161,7 @@ class ModelRunner:
         table = np.asarray(block_table, dtype=np.int64)
         return table[idx // self.block_size] * self.block_size + idx % self.block_size
 
+    @_with_fused_ops
     @torch.inference_mode()
     def prefill(self, token_ids: list[int], positions: np.ndarray, block_table: list[int],
                 num_cached: int, visual=None) -> torch.Tensor:
@@ -235,6 +210,7 @@ class ModelRunner:
             yield num_cached + hi, self.prefill(token_ids[lo:hi], positions[:, lo:hi],
                                                 block_table, num_cached + lo, part)
 
+    @_with_fused_ops
     def capture_prefill_graphs(self) -> None:
         """Capture the bucketed prefill graphs now (no-op without them); call at load."""
         if self.prefill_graphs is not None:
@@ -270,6 +246,7 @@ class ModelRunner:
         self.decode_slot_mapping.fill_(slot)
         self.attn.prepare(self.decode_slot_mapping, self.decode_block_table, idx, 1)
 
+    @_with_fused_ops
     @torch.inference_mode()
     def run_decode(self) -> torch.Tensor:
         """Device side of a decode step: fp32 logits ``[V]`` (a graph replay when enabled)."""
@@ -300,6 +277,7 @@ class ModelRunner:
         self.prepare_decode(token_id, position, block_table, context_len)
         return self.run_decode()
 
+    @_with_fused_ops
     @torch.inference_mode()
     def decode_sample(self, token_id: int, position: int, block_table: list[int],
                       context_len: int, sampler) -> int:
@@ -315,7 +293,7 @@ class ModelRunner:
             return sampler(self._decode_forward())
         graph.run_forward()  # queued on the GPU; the host goes on meanwhile
         self._write_token_mask(sampler)
-        if sampler.params.greedy:
+        if sampler.greedy:
             return graph.run_greedy()
         return sampler.pick(graph.run_pick())
 

@@ -48,20 +48,23 @@ class Sampler:
     """Samples one token id from a 1-D logits row; one instance per request.
 
     ``grammar``: a ``structured.Grammar`` for a constrained answer; the caller reports every
-    token of the answer to :meth:`accept`.
+    token of the answer to :meth:`accept`. :attr:`greedy` says whether the pick is the argmax
+    of the allowed logits (temperature 0): the CUDA-graph decode then picks inside its graph.
     """
 
     def __init__(self, params: SamplingParams, device: torch.device, banned_ids=(),
                  grammar=None):
         params.validate()  # a dataclass field may have changed since construction
         self.params = params
+        #: The greedy rule: temperature 0 is the first maximum, deterministic, no generator.
+        self.greedy = params.temperature == 0.0
         # Multimodal placeholders are never valid output (they would corrupt the history).
         self.banned_ids = tuple(sorted(banned_ids))
         self.banned = torch.tensor(self.banned_ids, dtype=torch.long, device=device)
         self.grammar = grammar
         self._words = None  # host bitmask of the eager constrained path
         self.generator = None
-        if not params.greedy:
+        if not self.greedy:
             self.generator = torch.Generator(device=device)
             seed = params.seed if params.seed is not None else secrets.randbits(63)
             self.generator.manual_seed(seed)
@@ -86,7 +89,7 @@ class Sampler:
         p = self.params
         top = float(logits.max())
         _check_finite(top)
-        if p.greedy:
+        if self.greedy:
             return int(torch.argmax(logits))
         # Shifted so the maximum is 0: no +inf or NaN for any temperature SamplingParams allows
         # (config.MIN_TEMPERATURE); softmax and the filters below are shift-invariant.

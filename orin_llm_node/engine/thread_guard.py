@@ -26,8 +26,19 @@ class SingleThreadGuard:
     def __init__(self):
         self._lock = threading.Lock()
         self._holder: tuple[int, str, str] | None = None  # (thread id, thread name, call)
+        self.closed = False  # set by close(): the engine gave back what it held
+
+    def close(self) -> None:
+        """Refuse every later call (the engine was closed)."""
+        self.closed = True
+
+    def peek_closed(self, what: str) -> None:
+        """``RuntimeError`` if the engine was closed (for calls any thread may make)."""
+        if self.closed:
+            raise RuntimeError(f"LLMEngine.{what}() called after close()")
 
     def _refuse(self, what: str) -> None:
+        self.peek_closed(what)
         ident, name, doing = self._holder
         me = threading.current_thread()
         if ident == me.ident:
@@ -44,7 +55,7 @@ class SingleThreadGuard:
         """Hold the guard for the ``with`` body; ``RuntimeError`` if anything holds it."""
         me = threading.current_thread()
         with self._lock:
-            if self._holder is not None:
+            if self._holder is not None or self.closed:
                 self._refuse(what)
             self._holder = (me.ident, me.name, what)
         try:
@@ -56,5 +67,6 @@ class SingleThreadGuard:
     def peek(self, what: str) -> None:
         """``RuntimeError`` if a call holds the guard on another thread."""
         with self._lock:
-            if self._holder is not None and self._holder[0] != threading.get_ident():
+            if self.closed or (self._holder is not None
+                               and self._holder[0] != threading.get_ident()):
                 self._refuse(what)

@@ -3,7 +3,7 @@
 """Decoder building blocks (nano-vllm's ``layers/`` shape): norms, linears, activation, RoPE.
 
 Each block has a plain torch body -- the CPU path and the parity oracle -- and, where a fused
-CUDA kernel exists, hands the same computation to it through :mod:`.dispatch`, the one place
+CUDA kernel exists, hands the same computation to it through ``kernels.dispatch``, the one place
 that decides which implementation runs.
 """
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .dispatch import kernels_for
+from orin_llm_node.kernels.dispatch import kernels_for
 
 __all__ = ["SiluAndMul", "silu_and_mul"]
 

@@ -5,7 +5,7 @@
 import torch
 from torch import nn
 
-from .dispatch import kernels_for
+from orin_llm_node.kernels.dispatch import kernels_for
 
 __all__ = ["RMSNorm", "add_rms_norm", "rms_norm"]
 

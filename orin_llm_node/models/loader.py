@@ -13,8 +13,9 @@ their quantized modules on the ``meta`` device, so no dense copy of them ever ex
 
 The checkpoint keeps the Hugging Face layout (separate ``q_proj``/``k_proj``/``v_proj`` and
 ``gate_proj``/``up_proj``); the decoder holds them merged (``qkv_proj``, ``gate_up_proj``), so
-each of those tensors goes to its merged module's ``weight_loader`` with a shard id
-(``models.qwen3_vl_text.PACKED_MODULES``), as in nano-vllm.
+each of those tensors goes to its merged module's ``weight_loader`` with a shard id: the model
+class declares which (``packed_modules_mapping``), and the loader reads it there, as
+nano-vllm's does.
 """
 
 import json
@@ -31,7 +32,6 @@ from orin_llm_node.quantization.linear_method import quant_part, quantize_module
 
 from .config import Qwen3VLConfig, load_config
 from .qwen3_vl import Qwen3VLForCausalLM
-from .qwen3_vl_text import PACKED_MODULES
 
 __all__ = [
     "ModelLoadError",
@@ -48,6 +48,8 @@ __all__ = [
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+#: What the model this loader builds holds merged: checkpoint module -> (ours, shard id).
+_PACKED = Qwen3VLForCausalLM.packed_modules_mapping
 
 
 def checkpoint_to_param_name(name: str) -> str:
@@ -62,20 +64,18 @@ def checkpoint_to_param_name(name: str) -> str:
 
 def checkpoint_target(name: str) -> tuple[str, object]:
     """Our parameter holding checkpoint tensor ``name``, and its shard id (None: the whole)."""
-    name = checkpoint_to_param_name(name)
-    if name.startswith("language_model."):
-        parts = name.split(".")
-        if len(parts) >= 2 and parts[-2] in PACKED_MODULES:
-            merged, shard_id = PACKED_MODULES[parts[-2]]
-            return ".".join((*parts[:-2], merged, parts[-1])), shard_id
-    return name, None
+    parts = checkpoint_to_param_name(name).split(".")
+    if len(parts) >= 2 and parts[-2] in _PACKED:
+        merged, shard_id = _PACKED[parts[-2]]
+        return ".".join((*parts[:-2], merged, parts[-1])), shard_id
+    return ".".join(parts), None
 
 
 def checkpoint_names(param_name: str) -> list[str]:
     """The checkpoint-side (unmerged) names a parameter of ours is loaded from."""
     parts = param_name.split(".")
-    if param_name.startswith("language_model.") and len(parts) >= 2:
-        sources = [hf for hf, (merged, _) in PACKED_MODULES.items() if merged == parts[-2]]
+    if len(parts) >= 2:
+        sources = [hf for hf, (merged, _) in _PACKED.items() if merged == parts[-2]]
         if sources:
             return [".".join((*parts[:-2], hf, parts[-1])) for hf in sources]
     return [param_name]
@@ -110,7 +110,7 @@ def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
 
     Rotary buffers stay fp32 whatever ``dtype`` is (the reference computes RoPE in fp32), and
     so do quantized layers' scales. ``quantized`` maps our linear layer names to the
-    :class:`~orin_llm_node.quantization.checkpoint.LayerQuant` that replaces them.
+    :class:`~orin_llm_node.quantization.checkpoint_formats.LayerQuant` that replaces them.
     ``model.weight_format`` is ``weight_format`` (a ``QuantPlan.description``) or, for a float
     model, the dtype's name.
     """

@@ -21,6 +21,17 @@ __all__ = ["Qwen3VLForCausalLM"]
 class Qwen3VLForCausalLM(nn.Module):
     """Qwen3-VL for generation, split into the steps the engine schedules separately."""
 
+    #: The checkpoint's separate projections that this model holds merged (nano-vllm's
+    #: name): checkpoint module -> (our merged module, shard id), read by the loader. The
+    #: decoder's q/k/v and gate/up; the vision tower's checkpoint has its qkv merged already.
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
     def __init__(self, cfg: Qwen3VLConfig) -> None:
         super().__init__()
         self.config = cfg

@@ -29,16 +29,7 @@ from orin_llm_node.layers import (
 
 from .config import TextConfig
 
-__all__ = ["PACKED_MODULES", "Qwen3VLTextModel"]
-
-#: Checkpoint projection name -> (our merged module, shard id) for the loader.
-PACKED_MODULES = {
-    "q_proj": ("qkv_proj", "q"),
-    "k_proj": ("qkv_proj", "k"),
-    "v_proj": ("qkv_proj", "v"),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+__all__ = ["Qwen3VLTextModel"]
 
 
 class Attention(nn.Module):

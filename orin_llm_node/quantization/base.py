@@ -11,7 +11,7 @@ and the last group may be shorter (``G = ceil(in / group_size)``). Per-channel I
 block's scale repeated over its rows), which lets merged projections (q/k/v, gate/up) of any
 size concatenate their parts along the output dimension.
 
-``forward`` asks ``layers.dispatch`` (the one dispatch point) for the fused kernels of the
+``forward`` asks ``kernels.dispatch`` (the one dispatch point) for the fused kernels of the
 input's device and dtype: with them, ``cuda_ops.FusedOps.quant_linear`` runs the dequantising
 GEMV / dequantise + matmul kernels of ``cuda_kernels/quant_linear.cu`` when the shape suits
 them; otherwise :meth:`QuantLinear.torch_forward` runs -- the CPU path and the kernels' oracle:
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from orin_llm_node.layers.dispatch import kernels_for
+from orin_llm_node.kernels.dispatch import kernels_for
 
 from . import scratch
 
@@ -91,6 +91,8 @@ class QuantLinear(nn.Module, ABC):
     chunk: ClassVar[int]
     #: Bits per weight code.
     bits: ClassVar[int]
+    #: Group size of quantize-at-load into this format (None: one group per output row).
+    at_load_group: ClassVar[int | None]
 
     def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool,
                  asymmetric: bool = False, device=None):
@@ -164,8 +166,8 @@ class QuantLinear(nn.Module, ABC):
     def load_rows(self, tensors: dict[str, torch.Tensor], row0: int = 0) -> int:
         """Copy a part's ``qweight`` / ``scale`` (/ ``zero``) into rows ``row0...``.
 
-        The tensors are in this layout already (see ``quantization/checkpoint.py`` for the
-        on-disk layouts). Returns the number of rows written.
+        The tensors are in this layout already (``quantization/checkpoint_formats.py`` converts
+        the on-disk layouts). Returns the number of rows written.
         """
         rows = tensors["scale"].shape[0]
         if row0 + rows > self.out_features:

@@ -30,6 +30,7 @@ class Fp8Linear(QuantLinear):
     format = "fp8"
     chunk = 16
     bits = 8
+    at_load_group = BLOCK  # the 128x128 blocks of Qwen's FP8 checkpoints
 
     def __init__(self, in_features: int, out_features: int, group_size: int = BLOCK,
                  bias: bool = False, asymmetric: bool = False, device=None):

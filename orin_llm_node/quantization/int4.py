@@ -44,6 +44,7 @@ class Int4Linear(QuantLinear):
     format = "int4"
     chunk = 32
     bits = 4
+    at_load_group = 128
 
     def __init__(self, in_features: int, out_features: int, group_size: int = 128,
                  bias: bool = False, asymmetric: bool = False, device=None):

@@ -15,6 +15,7 @@ class Int8Linear(QuantLinear):
     format = "int8"
     chunk = 16
     bits = 8
+    at_load_group = None  # per output channel
 
     def __init__(self, in_features: int, out_features: int, group_size: int | None = None,
                  bias: bool = False, asymmetric: bool = False, device=None):

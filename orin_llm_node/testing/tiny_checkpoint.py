@@ -32,6 +32,8 @@ from tokenizers import (
 )
 import torch
 
+from orin_llm_node import package_files
+
 SPECIAL_TOKENS = (
     '<|endoftext|>', '<|im_start|>', '<|im_end|>', '<|vision_start|>', '<|vision_end|>',
     '<|image_pad|>', '<|video_pad|>',
@@ -155,7 +157,8 @@ def write_tokenizer_files(out_dir: Path, tokenizer: Tokenizer) -> dict:
         'split_special_tokens': False,
     }
     (out_dir / 'tokenizer_config.json').write_text(json.dumps(tok_cfg, indent=2))
-    template = (Path(__file__).with_name('chat_template.jinja')).read_text()
+    # Qwen3-VL's chat template: one copy in the package, the demo checkpoint's.
+    template = (package_files.DEMO_MODEL_DIR / 'chat_template.jinja').read_text()
     (out_dir / 'chat_template.jinja').write_text(template)
     return ids
 

@@ -1,14 +1,14 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Contiguous (non-paged) KV storage: per-layer K/V grown with ``torch.cat``.
+"""Contiguous (non-paged) KV storage for the tests: per-layer K/V grown with ``torch.cat``.
 
 The simplest correct backend: what the model parity tests run incremental decoding through,
-and a second opinion for the paged backends.
+and a second opinion for the paged backends. Test-only, so it lives under ``test/``.
 """
 
 import torch
 
-from .base import AttentionBackend, causal_attention
+from orin_llm_node.attention.base import AttentionBackend, causal_attention
 
 __all__ = ["ContiguousAttention"]
 
