@@ -45,7 +45,6 @@ import time
 import rclpy
 from rclpy.duration import Duration
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import remove_ros_args
 from sensor_msgs.msg import CompressedImage
@@ -53,16 +52,8 @@ from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
 from orin_llm_node import bounded_json
-from orin_llm_node.ros import chat_video
+from orin_llm_node.ros import chat_video, contract
 from orin_llm_node.ros.parameters import MAX_PROMPT_CHARS
-
-_RELIABLE = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
-                       reliability=ReliabilityPolicy.RELIABLE)
-_STREAM = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100,
-                     reliability=ReliabilityPolicy.RELIABLE)
-_LATCHED = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                      reliability=ReliabilityPolicy.RELIABLE,
-                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
 class LLMClient(Node):
@@ -79,13 +70,19 @@ class LLMClient(Node):
         self.on_delta = None
         self.on_error = None
         self._image_pubs = {}           # created on first use: no idle image publisher
-        self.pub_prompt = self.create_publisher(String, self.topic('prompt'), _RELIABLE)
-        self.pub_envelope = self.create_publisher(String, self.topic('prompt/json'), _RELIABLE)
-        self.create_subscription(Bool, self.topic('ready'), self._on_ready, _LATCHED)
-        self.create_subscription(String, self.topic('response/stream'), self._on_delta, _STREAM)
-        self.create_subscription(String, self.topic('response/info'), self._on_info, _RELIABLE)
-        self.create_subscription(String, self.topic('error'), self._on_error, _RELIABLE)
-        self.cancel_client = self.create_client(Trigger, self.topic('cancel'))
+        self.pub_prompt = self._publisher(String, contract.PROMPT)
+        self.pub_envelope = self._publisher(String, contract.PROMPT_JSON)
+        self._subscribe(Bool, contract.READY, self._on_ready)
+        self._subscribe(String, contract.STREAM, self._on_delta)
+        self._subscribe(String, contract.INFO, self._on_info)
+        self._subscribe(String, contract.ERROR, self._on_error)
+        self.cancel_client = self.create_client(Trigger, self.topic(contract.CANCEL))
+
+    def _publisher(self, msg_type, topic):
+        return self.create_publisher(msg_type, self.topic(topic.name), topic.qos())
+
+    def _subscribe(self, msg_type, topic, callback):
+        self.create_subscription(msg_type, self.topic(topic.name), callback, topic.qos())
 
     def _on_ready(self, msg):
         self.ready = msg.data
@@ -123,10 +120,11 @@ class LLMClient(Node):
 
     def image_publisher(self, msg_type, topic=None):
         """The (reliable) publisher for ``msg_type`` on ``topic`` (default: the node's)."""
-        topic = topic or self.topic('image/compressed' if msg_type is CompressedImage
-                                    else 'image')
+        topic = topic or self.topic(contract.CLIENT_IMAGES.name + (
+            '/compressed' if msg_type is CompressedImage else ''))
         if topic not in self._image_pubs:
-            self._image_pubs[topic] = self.create_publisher(msg_type, topic, _RELIABLE)
+            self._image_pubs[topic] = self.create_publisher(msg_type, topic,
+                                                            contract.CLIENT_IMAGES.qos())
         return self._image_pubs[topic]
 
     def send_image(self, msg, topic=None, match_timeout_s=5.0, fresh_s=0.5, ack_timeout_s=10.0):
@@ -349,7 +347,7 @@ def _converse_video(client, opts, clip):
         print(f'orin_llm_chat: {refusal}', file=sys.stderr)
         return 1
     frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
-    topic = opts.image_topic or client.topic('image/compressed')
+    topic = opts.image_topic or client.topic(f'{contract.CLIENT_IMAGES.name}/compressed')
     period_ns = round(1e9 / opts.fps)
     # First the path: a reader can match our writer a DDS heartbeat (3 s) after our writer
     # matched it, and frames sent before that arrive late and stale (seen under load: a clip
@@ -405,7 +403,7 @@ def _converse(client, opts, image):
         # No stamp: the node ages the image from its arrival, so neither a slow hand-off nor
         # another machine's clock can make it stale; a unique frame_id names it in the answer.
         image.header.frame_id = f'orin_llm_chat_{os.getpid()}_{time.time_ns()}'
-        topic = opts.image_topic or client.topic('image/compressed')
+        topic = opts.image_topic or client.topic(f'{contract.CLIENT_IMAGES.name}/compressed')
         if not _image_taken(client, image, topic):
             return 1
     if opts.response_format is not None:

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 import threading
 import time
 
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 
 from orin_llm_node.ros import ros_image
 from orin_llm_node.ros.blind_camera import BlindWatch
 from orin_llm_node.ros.camera_sync import ApproximateSync
 from orin_llm_node.ros.camera_views import FRAME_ID_CHARS, CameraView, PendingImage
+from orin_llm_node.ros.contract import image_qos
 from orin_llm_node.ros.frame_ring import FrameRing, resize_for_model
 from orin_llm_node.ros.parameters import camera_topics
 from orin_llm_node.ros.refusals import REASON_CHARS, clip
@@ -99,9 +100,7 @@ class ImageIntake:
             if mode == 'auto' and reliable:
                 extra['event_callbacks'] = SubscriptionEventCallbacks(
                     incompatible_qos=lambda _event: None)
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                             reliability=ReliabilityPolicy.RELIABLE if reliable
-                             else ReliabilityPolicy.BEST_EFFORT)
+            qos = image_qos(reliable)
             for camera in self.cameras:
                 kinds = zip(camera_topics(camera.name), (Image, CompressedImage), (False, True),
                             strict=True)

@@ -8,7 +8,6 @@ Threading: callbacks run on the executor and only check headers, remember the ne
 draws the whole picture.
 """
 
-import json
 import logging
 import threading
 import time
@@ -16,24 +15,22 @@ import time
 from diagnostic_msgs.msg import DiagnosticArray
 import rclpy
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 
 from orin_llm_node.jetson_power import read_power_state
-from orin_llm_node.ros import node_parameters, parameters
+from orin_llm_node.ros import contract, node_parameters, parameters
 from orin_llm_node.ros.callback_guard import GuardedCallbacks
+from orin_llm_node.ros.camera_report import camera_report
 from orin_llm_node.ros.camera_views import Request
+from orin_llm_node.ros.contract import AnswerInfo
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, GenerationInfo
 from orin_llm_node.ros.intake import ImageIntake
 from orin_llm_node.ros.refusals import REASON_CHARS, RefusalLimiter, clip, preview
 from orin_llm_node.ros.request_envelope import EnvelopeError, parse_envelope
-from orin_llm_node.ros.worker import Worker, cameras_info
+from orin_llm_node.ros.worker import Worker
 
 NODE_NAME = 'orin_llm'
-# Deep enough that DDS never drops a prompt while the executor is busy: every prompt reaches
-# _on_prompt, where an overflow of the queue (queue_size) is reported.
-PROMPT_DEPTH = 1000
 # Why a prompt is refused in each state but ``ready`` (the state is named before it).
 _NOT_READY = {
     'unconfigured': 'configure and activate it to take prompts',
@@ -42,12 +39,6 @@ _NOT_READY = {
     'failed': 'the model could not be loaded',
     'finalized': 'the node is shutting down',
 }
-
-
-def _qos(depth, latched=False):
-    return QoSProfile(
-        history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=ReliabilityPolicy.RELIABLE,
-        durability=DurabilityPolicy.TRANSIENT_LOCAL if latched else DurabilityPolicy.VOLATILE)
 
 
 class _RosLogHandler(logging.Handler):
@@ -101,17 +92,19 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
         self.refusals = RefusalLimiter()
         self._load_started = self._last_load_log = time.monotonic()
         self._next_request_id = 1
-        self.pub_response = self.create_publisher(String, 'response', _qos(10))
-        self.pub_stream = self.create_publisher(String, 'response/stream', _qos(100))
-        self.pub_info = self.create_publisher(String, 'response/info', _qos(10))
-        self.pub_error = self.create_publisher(String, 'error', _qos(10))
-        self.pub_ready = self.create_publisher(Bool, 'ready', _qos(1, latched=True))
-        self.pub_diag = self.create_publisher(DiagnosticArray, '/diagnostics', _qos(10))
+        self.pub_response = self._publisher(String, contract.RESPONSE)
+        self.pub_stream = self._publisher(String, contract.STREAM)
+        self.pub_info = self._publisher(String, contract.INFO)
+        self.pub_error = self._publisher(String, contract.ERROR)
+        self.pub_ready = self._publisher(Bool, contract.READY)
+        self.pub_diag = self._publisher(DiagnosticArray, contract.DIAGNOSTICS)
         self.intake = ImageIntake(self)
         self.worker = Worker(self)
         self._open_services = []        # from activate to deactivate
-        self.create_subscription(String, 'prompt', self._on_prompt, _qos(PROMPT_DEPTH))
-        self.create_subscription(String, 'prompt/json', self._on_prompt_json, _qos(PROMPT_DEPTH))
+        self.create_subscription(String, contract.PROMPT.name, self._on_prompt,
+                                 contract.PROMPT.qos())
+        self.create_subscription(String, contract.PROMPT_JSON.name, self._on_prompt_json,
+                                 contract.PROMPT_JSON.qos())
         self.add_on_set_parameters_callback(lambda params: node_parameters.on_set(self, params))
         self.create_timer(self.params['diagnostics_period_s'], self._on_idle_timer)
         self.create_timer(1.0, self.intake.check_camera)
@@ -122,7 +115,10 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
 
     def _activation_services(self):
         """The services activation opens: name -> callback."""
-        return {'reset': self._on_reset, 'cancel': self._on_cancel}
+        return {contract.RESET: self._on_reset, contract.CANCEL: self._on_cancel}
+
+    def _publisher(self, msg_type, topic):
+        return self.create_publisher(msg_type, topic.name, topic.qos())
 
     def runtime(self, name):
         """The current value of a run-time parameter."""
@@ -146,11 +142,8 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
         self._publish(self.pub_response, String(data=text))
 
     def publish_info(self, info):
-        """One ``response/info`` JSON object (README: the schema), strict: no NaN / Infinity."""
-        # Every value is finite by construction (parse_answer maps a number beyond a float's
-        # range to null): a bug that breaks that raises ValueError rather than publishing it.
-        self._publish(self.pub_info, String(data=json.dumps(info, ensure_ascii=False,
-                                                            allow_nan=False)))
+        """One ``response/info`` (a :class:`~orin_llm_node.ros.contract.AnswerInfo`)."""
+        self._publish(self.pub_info, String(data=info.to_json()))
 
     def publish_error(self, text):
         """Why something was refused, on ``error`` and in the log."""
@@ -201,18 +194,14 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
 
     # ---- prompts and services (executor) ---------------------------------------------------
 
-    def _refuse(self, request_id, text, reason, tag=None, extra=None):
+    def _refuse(self, request_id, text, reason, tag=None, cameras=None):
         """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered.
 
-        ``extra``: more ``response/info`` fields (what the cameras gave, for a clip refused).
+        ``cameras``: what the cameras gave it (a clip refused), as ``response/info`` says it.
         """
         reason = clip(reason, REASON_CHARS)
         self.publish_error(f'request {request_id}: {reason}')
-        info = {'request_id': request_id, 'prompt': text, 'text': None,
-                'image': None, **(extra or {}), 'finish_reason': 'refused', 'error': reason}
-        if tag is not None:
-            info['tag'] = tag
-        self.publish_info(info)
+        self.publish_info(AnswerInfo.refused(request_id, text, reason, tag, cameras))
 
     def _on_prompt(self, msg):
         request_id = self._next_request_id
@@ -260,7 +249,7 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
         missing = '; '.join(f'{v.name}: {v.missing}' for v in views if v.missing)
         if video_s > 0 and all(v.missing for v in views):
             self._refuse(request_id, text, f'a clip of the last {video_s:g} s has zero frames '
-                         f'({missing})', tag, cameras_info(request))
+                         f'({missing})', tag, camera_report(request))
             return
         if missing:
             self.get_logger().info(f'{missing}: the prompt is answered without '

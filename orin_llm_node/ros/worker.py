@@ -20,65 +20,11 @@ import traceback
 import numpy as np
 
 from orin_llm_node.ros import model_loading, parameters, ros_image
+from orin_llm_node.ros.camera_report import camera_report
+from orin_llm_node.ros.contract import AnswerInfo
 from orin_llm_node.ros.frame_ring import FrameSizer
 from orin_llm_node.ros.refusals import REASON_CHARS, clip, preview
 from orin_llm_node.ros.request_envelope import sampling_overrides
-
-
-def _stamp(ns):
-    return {'sec': ns // 1_000_000_000, 'nanosec': ns % 1_000_000_000}
-
-
-def cameras_info(request):
-    """The ``response/info`` fields naming what each camera gave ``request`` (README schema).
-
-    ``cameras``: per camera, in listed order, its frame (stamp, frame_id) or its clip (frames,
-    first and last stamp, span) or why it was left out; ``camera_sync``: whether the frames
-    are one approximate-time set and how far apart their stamps are; ``video``: the time span
-    of the frames a video request gave (clips, and one-frame cameras' frames; null for single
-    frames).
-    """
-    cameras, stamps, clip_stamps = [], [], []
-    for view in request.views:
-        entry = {'name': view.name, 'image': None, 'video': None, 'missing': view.missing or None}
-        if view.clip:
-            first, last = view.clip[0], view.clip[-1]
-            entry['video'] = {'frames': len(view.clip), 'first_stamp': _stamp(first.stamp_ns),
-                              'last_stamp': _stamp(last.stamp_ns),
-                              'stamps': [_stamp(f.stamp_ns) for f in view.clip],
-                              'span_s': round((last.stamp_ns - first.stamp_ns) / 1e9, 6),
-                              'size': list(first.rgb.shape[:2])}
-            clip_stamps += [first.stamp_ns, last.stamp_ns]
-        elif view.frame is not None:        # a video request's camera with one frame
-            entry['image'] = view.frame.describe()
-            clip_stamps.append(view.frame.stamp_ns)
-        elif view.image is not None:
-            entry['image'] = view.image.describe()
-            stamps.append(view.image.stamp_ns)
-        cameras.append(entry)
-    info = {'cameras': cameras,
-            'camera_sync': {'synchronised': bool(stamps) and request.synchronised,
-                            'spread_s': round((max(stamps) - min(stamps)) / 1e9, 6)
-                            if stamps else None},
-            'video': None}
-    if request.video_s > 0:
-        info['video'] = {'seconds': request.video_s,
-                         'start': _stamp(min(clip_stamps)) if clip_stamps else None,
-                         'end': _stamp(max(clip_stamps)) if clip_stamps else None,
-                         'span_s': round((max(clip_stamps) - min(clip_stamps)) / 1e9, 6)
-                         if clip_stamps else None}
-    return info
-
-
-def _with_envelope_keys(info, request, result):
-    """``info`` plus the envelope's ``tag`` and, for a constrained answer, ``json``/``valid``."""
-    tag = (request.envelope or {}).get('tag')
-    if tag is not None:
-        info['tag'] = tag
-    if result is not None and result.valid is not None:
-        info['valid'] = result.valid
-        info['json'] = result.parsed
-    return info
 
 
 class Worker:
@@ -246,9 +192,7 @@ class Worker:
             self.node.publish_error(text)
             return
         self.node.publish_error(f'{text} (request {request.request_id})')
-        info = {'request_id': request.request_id, 'prompt': request.text, 'text': None,
-                'image': None, **cameras_info(request), 'finish_reason': 'error', 'error': text}
-        self.node.publish_info(_with_envelope_keys(info, request, None))
+        self.node.publish_info(AnswerInfo.failed(request, text, camera_report(request)))
 
     def _drop_conversation(self, why=None):
         if self._conv is not None and self.engine is not None:
@@ -364,19 +308,8 @@ class Worker:
         node.info.update(last_finish_reason=finish, last_ttft_ms=1000.0 * result.ttft_s,
                          last_vision_ms=1000.0 * result.vision_s,
                          last_decode_tok_s=result.decode_tok_s)
-        first = request.views[0] if request.views else None
-        node.publish_info(_with_envelope_keys({
-            'request_id': request.request_id, 'prompt': request.text,
-            'text': None if result.error else result.text,
-            'image': first.image_info() if first else None,
-            'no_image': (first.missing or None) if first else 'no camera',
-            **cameras_info(request),
-            'finish_reason': finish, 'error': result.error,
-            'generated_tokens': len(result.token_ids), 'cached_tokens': result.cached_tokens,
-            'prompt_tokens': len(result.prompt_token_ids),
-            'ttft_ms': round(1000.0 * result.ttft_s, 3),
-            'decode_tok_s': round(result.decode_tok_s, 3),
-            'weight_format': self.engine.weight_format}, request, result))
+        node.publish_info(AnswerInfo.answered(request, result, camera_report(request),
+                                              self.engine.weight_format))
         what = f"'{preview(request.text)}'" + ''.join(
             f' + {x.shape[1]}x{x.shape[0]} image' if isinstance(x, np.ndarray)
             else f' + {len(x.frames)}-frame clip' for _, x in used)
