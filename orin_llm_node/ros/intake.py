@@ -7,7 +7,7 @@ Per camera (parameter ``image_topics``): its subscriptions, the newest frame, it
 (camera_sync.py); what a prompt gets from them is camera_views.py's records.
 
 Runs on the executor (callbacks and a 1 s timer); prompts take their frames here on the
-executor too (:meth:`ImageIntake.take`), and the worker only drops a frame it could not decode
+executor too (:meth:`ImageIntake.take`), and the session only drops a frame it could not decode
 with :meth:`ImageIntake.forget`, under the intake's lock.
 """
 
@@ -205,7 +205,7 @@ class ImageIntake:
         return views
 
     def forget(self, pending, why):
-        """Stop pairing ``pending`` with prompts (the worker could not decode it: ``why``)."""
+        """Stop pairing ``pending`` with prompts (the session could not decode it: ``why``)."""
         with self._lock:
             for camera in self.cameras:
                 if camera.newest is pending:
@@ -246,7 +246,7 @@ class ImageIntake:
         except ros_image.ImageConversionError as exc:
             with self._lock:
                 camera.refused = clip(exc, REASON_CHARS)
-            self.node.refuse_image(topic, exc)
+            self.node.replies.refuse_image(topic, exc)
             return
         with self._lock:
             camera.refused = ''
@@ -285,8 +285,8 @@ class ImageIntake:
             held = sum(r.nbytes for r in rings)
             frames = sum(len(r) for r in rings)
             limit = sum(r.limit_bytes(*r.frame_shape[:2]) for r in rings if r.frame_shape)
-        self.node.info.update(video_buffer_bytes=held, video_buffer_frames=frames,
-                              video_buffer_limit_bytes=limit)
+        self.node.replies.facts(video_buffer_bytes=held, video_buffer_frames=frames,
+                                video_buffer_limit_bytes=limit)
 
     def _frame_arrived(self, camera, nbytes, topic):
         if camera.watch.frame(time.monotonic(), nbytes, topic):
@@ -294,7 +294,7 @@ class ImageIntake:
             self.node.get_logger().info(f'camera {camera.name}: frames are arriving again')
 
     def _report_blindness(self):
-        self.node.info.update(camera='; '.join(c.watch.blind for c in self.cameras
+        self.node.replies.facts(camera='; '.join(c.watch.blind for c in self.cameras
                                                if c.watch.blind))
 
     def check_camera(self):
@@ -310,4 +310,4 @@ class ImageIntake:
                                       bool(self.node.dds_profile))
             if said:
                 self._report_blindness()
-                self.node.publish_error(said)
+                self.node.replies.error(said)

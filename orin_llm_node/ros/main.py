@@ -92,7 +92,7 @@ def _run(args):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
         code = code or (node.exit_code if node is not None else 0)
-        # Teardown is bounded: a worker stuck in one long call (e.g. still loading weights) or
+        # Teardown is bounded: a session stuck in one long call (e.g. still loading weights) or
         # a middleware teardown that blocks must not keep the process alive after a signal.
         watchdog = threading.Timer(15.0, _hard_exit, args=(code,))
         watchdog.daemon = True
@@ -101,7 +101,7 @@ def _run(args):
             # Loading and warm-up stop at their next shard, tensor or warm-up step once `stop`
             # is set; one step that still runs long (an import, a huge tensor) must not hold the
             # process: nothing is being answered yet, so it ends at once after a second.
-            loading = node.info.snapshot().state == 'loading'
+            loading = node.state() == 'loading'
             if not node.stop(timeout_s=1.0 if loading else 10.0):
                 _hard_exit(code)
             code = code or node.exit_code

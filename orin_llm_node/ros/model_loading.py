@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""From the node's parameters to a warmed-up engine, and back to free memory (worker thread)."""
+"""From the node's parameters to a warmed-up engine, and back to free memory (session thread)."""
 
 from pathlib import Path
 import sys

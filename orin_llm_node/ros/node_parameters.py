@@ -17,7 +17,6 @@ from orin_llm_node.ros.parameters import (
     RUNTIME_PARAMETERS,
     ParameterError,
     camera_topics,
-    check_loaded,
     check_parameters,
     wrong_type,
 )
@@ -104,9 +103,7 @@ def on_set(node, params):
         values[param.name] = param.value
     try:
         check_parameters(values)
-        engine = node.worker.engine
-        if engine is not None:
-            check_loaded(engine, values, [p.name for p in params])
+        node.session.check_loaded(values, [p.name for p in params])
     except ParameterError as exc:
         return SetParametersResult(successful=False, reason=str(exc))
     for param in params:

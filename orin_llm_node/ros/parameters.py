@@ -261,7 +261,7 @@ def check_parameters(values):
     """Check a complete name -> value mapping once; raise ParameterError naming the parameter.
 
     The node's own rules come from the table; the values the engine takes are checked by the
-    engine itself (EngineConfig and SamplingParams, built exactly as the worker builds them).
+    engine itself (EngineConfig and SamplingParams, built exactly as the session builds them).
     """
     for name in PARAMS_BY_NAME:
         reason = check_parameter(name, values[name])

@@ -6,7 +6,7 @@
 "conversation": "new" | "continue", "tag": "client-chosen id", "video_s": 4}``: only
 ``prompt`` is required.
 :data:`KEYS` is the one table of what an envelope may hold (a new key is one row there, plus
-what the worker does with it); :func:`parse_envelope` checks a message against it and raises
+what the session does with it); :func:`parse_envelope` checks a message against it and raises
 :class:`EnvelopeError` with the reason (and the ``tag``, when one could be read, so that the
 refusal can be matched by the client) for anything the answer could not be run with: text that
 is too long or nested too deep, unknown keys, bad values, sampling values the engine refuses
