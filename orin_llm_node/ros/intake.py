@@ -63,10 +63,14 @@ class Camera:
 
 
 class ImageIntake:
-    """The cameras of ``node`` (parameter ``image_topics``) and what arrived from them."""
+    """The cameras of ``node`` (parameter ``image_topics``) and what arrived from them.
 
-    def __init__(self, node):
+    Its subscriptions and its once-a-second check run in ``callback_group``.
+    """
+
+    def __init__(self, node, callback_group):
         self.node = node
+        self.callback_group = callback_group
         self.cameras = []
         self._lock = threading.Lock()
         self._sync = None
@@ -108,7 +112,7 @@ class ImageIntake:
                     camera.subscriptions.append(self.node.create_subscription(
                         msg_type, topic,
                         lambda msg, c=camera, z=compressed: self._accept(c, msg, z), qos,
-                        **extra))
+                        callback_group=self.callback_group, **extra))
 
     def unsubscribe(self):
         """Close the subscriptions and forget every frame (the rings' memory goes back)."""

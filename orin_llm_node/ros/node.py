@@ -14,7 +14,9 @@ import threading
 import time
 
 import rclpy
-from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.lifecycle import LifecycleNodeMixin, TransitionCallbackReturn
+from rclpy.node import Node
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
@@ -40,7 +42,7 @@ _NOT_READY = {
 }
 
 
-class OrinLLMNode(GuardedCallbacks, LifecycleNode):
+class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
     """Qwen3-VL node: see the README for its topics, services and parameters.
 
     A managed (lifecycle) node: ``configure`` loads the weights, warms up and captures graphs
@@ -50,13 +52,24 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
     the node, so that every prompt gets one ``response/info`` in every state: answered while
     active, refused with the state as the reason otherwise.
     Unless ``managed``, :meth:`start` runs configure and activate at once (the plain node).
-    No callback it registers can end the process (callback_guard.py).  ``command_line``: the
+    No callback it registers can end the process (callback_guard.py).
+
+    Spun by a multi-threaded executor (main.py), its callbacks in groups that never wait for
+    each other: the lifecycle services (reentrant: ``get_state`` answers while ``configure``
+    loads a model), prompts and their services, cameras, the diagnostics timer; rclpy's
+    parameter services keep the node's default group to themselves.  ``command_line``: the
     process's arguments, whose ``-p`` overrides are checked on their own
     (:func:`~orin_llm_node.ros.node_parameters.declare`).
     """
 
     def __init__(self, managed=False, stop_requested=None, command_line=(), **kwargs):
-        super().__init__(NODE_NAME, **kwargs)
+        # What rclpy's LifecycleNode does, with the lifecycle services in a group of their
+        # own (its constructor does not pass the group on, in Humble as in Kilted).
+        self._lifecycle_group = ReentrantCallbackGroup()
+        Node.__init__(self, NODE_NAME, **kwargs)
+        LifecycleNodeMixin.__init__(self, callback_group=self._lifecycle_group)
+        self._prompt_group = MutuallyExclusiveCallbackGroup()   # prompts, reset, cancel
+        self._timer_group = MutuallyExclusiveCallbackGroup()
         self.managed = managed
         # Set by main's signal handler: loading and warm-up stop at their next step.
         self.stop_requested = threading.Event() if stop_requested is None else stop_requested
@@ -68,16 +81,21 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
         self.engine_facts = None        # the loaded engine's EngineFacts, configure to cleanup
         self._load_started = self._last_load_log = time.monotonic()
         self._next_request_id = 1
-        self.intake = ImageIntake(self)
+        self.intake = ImageIntake(self, MutuallyExclusiveCallbackGroup())
         self.replies.intake = self.intake
         self.session = Session(self.replies, self.settings, self.stop_requested.is_set)
         self._open_services = []        # from activate to deactivate
         for topic, callback in ((contract.PROMPT, self._on_prompt),
                                 (contract.PROMPT_JSON, self._on_prompt_json)):
-            self.create_subscription(String, topic.name, callback, topic.qos())
+            self.create_subscription(String, topic.name, callback, topic.qos(),
+                                     callback_group=self._prompt_group)
         self.add_on_set_parameters_callback(lambda params: node_parameters.on_set(self, params))
-        self.create_timer(self.params['diagnostics_period_s'], self._on_idle_timer)
-        self.create_timer(1.0, self.intake.check_camera)
+        self.create_timer(self.params['diagnostics_period_s'], self._on_idle_timer,
+                          callback_group=self._timer_group)
+        self.create_timer(1.0, self.intake.check_camera,
+                          callback_group=self.intake.callback_group)
+        self._autostart_timer = None    # the plain node's configure + activate, once
+        self._autostart_lock = threading.Lock()
         self.replies.ready(False)
         self._log_handler = RosLogHandler(self.get_logger())
         node_parameters.check_camera_topics(self, self.params['image_topics'],
@@ -203,14 +221,23 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
     # ---- lifecycle -------------------------------------------------------------------------
 
     def start(self):
-        """Start the session's thread; the plain node also configures and activates itself."""
+        """Start the session's thread; the plain node also configures and activates itself.
+
+        The plain node's transitions run from a one-shot timer in the lifecycle group, on the
+        executor like those a manager asks for, so that loading never holds up a callback.
+        """
         logging.getLogger('orin_llm_node').addHandler(self._log_handler)
         self.session.start()
         if not self.managed:
-            threading.Thread(target=self._autostart, name='orin_llm_autostart',
-                             daemon=True).start()
+            self._autostart_timer = self.create_timer(0.01, self._autostart,
+                                                      callback_group=self._lifecycle_group)
 
     def _autostart(self):
+        with self._autostart_lock:      # reentrant group: a second tick may already run
+            timer, self._autostart_timer = self._autostart_timer, None
+        if timer is None:
+            return
+        timer.cancel()
         if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
             self.trigger_activate()
 
@@ -273,7 +300,8 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNode):
         try:
             self.intake.subscribe(self.params['image_qos'], self.engine_facts.frame_sizer)
             for name, callback in self._activation_services().items():
-                self._open_services.append(self.create_service(Trigger, name, callback))
+                self._open_services.append(self.create_service(
+                    Trigger, name, callback, callback_group=self._prompt_group))
         except Exception as exc:  # noqa: BLE001 - rclpy's lifecycle would swallow it unsaid
             self._close_inputs()
             return self._failed(f'failed to activate: {exc}', 'inactive')
