@@ -321,7 +321,8 @@ def table(rows) -> str:
 
 def main(argv=None):
     """Console entry point: ``orin_llm_check``; exit 1 if any check fails."""
-    from orin_llm_node.ros.parameters import ParameterError, values_from_files
+    from orin_llm_node.ros.parameter_files import values_from_files
+    from orin_llm_node.ros.parameters import ParameterError
 
     ap = argparse.ArgumentParser(prog='orin_llm_check', description=__doc__.split('\n')[0])
     ap.add_argument('--params-file', action='append', default=[],

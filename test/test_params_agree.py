@@ -180,3 +180,28 @@ def test_engine_values_are_checked_by_the_engine_alone(make_node):
     assert make_node(dtype='bf16').params['dtype'] == 'bf16'
     with pytest.raises(parameters.ParameterError, match="'kv_block_size' = -3: block_size"):
         make_node(kv_block_size=-3)
+
+
+@pytest.mark.ros
+def test_an_unknown_parameter_is_said_and_ignored(make_node, capfd):
+    node = make_node(max_new_token=5)             # a typo of max_new_tokens
+    assert not node.has_parameter('max_new_token')
+    assert node.params['max_new_tokens'] == SPEC['max_new_tokens'].default
+    assert "unknown parameter 'max_new_token' ignored (typo?)" in capfd.readouterr().err
+
+
+@pytest.mark.ros
+def test_number_parameters_declare_their_ranges(make_node):
+    node = make_node()
+    for name, spec in SPEC.items():
+        descriptor = node.describe_parameter(name)
+        ranges = [*descriptor.floating_point_range, *descriptor.integer_range]
+        if spec.bounds is None:
+            assert not ranges, name
+            continue
+        high = spec.bounds.high if isinstance(spec.default, float) else min(spec.bounds.high,
+                                                                              2**63 - 1)
+        assert [(r.from_value, r.to_value) for r in ranges] == [(spec.bounds.low, high)], name
+    refused = node.set_parameters([Parameter('top_p', value=1.5)])[0]
+    assert not refused.successful and 'out of range' in refused.reason
+    assert 'one of: chat, single' in node.describe_parameter('conversation_mode').description

@@ -73,7 +73,7 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
         self.managed = managed
         # Set by main's signal handler: loading and warm-up stop at their next step.
         self.stop_requested = threading.Event() if stop_requested is None else stop_requested
-        self.params = node_parameters.declare(self, command_line)
+        self.params = node_parameters.declare(self, command_line, kwargs)
         self.exit_code = 0
         self.dds_profile = None         # the Fast DDS profile main() applied, if any
         self.finished = threading.Event()
