@@ -48,7 +48,7 @@ $(NP1_STAMP): $(REQS) requirements/jetson-constraints.txt setup.py
 	touch $(NP1_STAMP)
 
 demo: venv
-	$(PY) -m orin_llm_node.ros.demo
+	$(PY) -m orin_llm_node.cli.demo
 
 lint: venv
 	$(PY) -m ruff check .

@@ -27,8 +27,9 @@ from sensor_msgs.msg import Image  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 from test_node import EVENT_TIMEOUT, connect, node_command, ros_env, stop  # noqa: E402
 
-from orin_llm_node.ros.blind_camera import BLIND_AFTER_S  # noqa: E402
-from orin_llm_node.ros.chat_client import _image_verdict, image_message  # noqa: E402
+from orin_llm_node.cli.chat import _image_verdict  # noqa: E402
+from orin_llm_node.cli.chat_client import image_message  # noqa: E402
+from orin_llm_node.ros.cameras.blind_camera import BLIND_AFTER_S  # noqa: E402
 from orin_llm_node.ros.dds_profile import PROFILE_VARIABLES  # noqa: E402
 from orin_llm_node.testing.shapes import simple_scene  # noqa: E402
 
@@ -139,7 +140,7 @@ def test_camera_frames_at_publisher_defaults_are_seen(probe, width, height, qos_
 
 
 def chat(ns, *args, timeout=180):
-    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client']
+    cmd = [sys.executable, '-m', 'orin_llm_node.cli.chat']
     return subprocess.run(cmd + ['-n', ns, '--timeout', '120', *args], env=defaults_env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -172,7 +173,7 @@ def test_chat_client_fails_when_the_answer_did_without_its_image(probe, tmp_path
 # loaded machine does now and then: an acknowledgement can lag the data by a heartbeat period).
 LATE_ACKS = ('import sys, time; from rclpy.publisher import Publisher; '
              'Publisher.wait_for_all_acked = lambda self, timeout=None: time.sleep(0.5) or False; '
-             'from orin_llm_node.ros.chat_client import main; sys.exit(main())')
+             'from orin_llm_node.cli.chat import main; sys.exit(main())')
 
 
 def test_chat_client_judges_the_image_by_the_answer_not_by_the_acknowledgement(probe,

@@ -22,7 +22,7 @@ from sensor_msgs.msg import Image  # noqa: E402
 from test_camera import defaults_env  # noqa: E402
 from test_node import EVENT_TIMEOUT, START_TIMEOUT, Probe, node_command, stop  # noqa: E402
 
-from orin_llm_node.ros.blind_camera import BLIND_AFTER_S, BlindWatch  # noqa: E402
+from orin_llm_node.ros.cameras.blind_camera import BLIND_AFTER_S, BlindWatch  # noqa: E402
 
 NS = '/camera_blind_test'
 FRAME = np.full((48, 64, 3), 90, np.uint8)            # 9216 bytes of rgb8: 9 KB

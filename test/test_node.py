@@ -35,8 +35,8 @@ from std_srvs.srv import Trigger  # noqa: E402
 from test_ros_image import png_bomb, png_header_only  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from orin_llm_node.ros.cameras.ros_image import rgb_to_image  # noqa: E402
 from orin_llm_node.ros.diagnostics import level_of  # noqa: E402
-from orin_llm_node.ros.ros_image import rgb_to_image  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -693,7 +693,7 @@ def test_two_clients_each_get_their_own_answer(single, reference):
         expected.append(reference.chat(conv, text, sampling=greedy).text)
         reference.reset(conv)
     assert expected[0] != expected[1]
-    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client']
+    cmd = [sys.executable, '-m', 'orin_llm_node.cli.chat']
     clients = [subprocess.Popen(cmd + ['-n', SINGLE_NS, '--timeout', '120', text],
                                 env=ros_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for text in texts]
@@ -749,13 +749,12 @@ def test_a_model_that_cannot_fit_exits_before_loading_with_one_line(tiny_ckpt, t
 
 
 def test_empty_model_path_is_the_demo_checkpoint_or_a_clear_error(tmp_path, monkeypatch):
-    from orin_llm_node import package_files
-    from orin_llm_node.ros import model_loading
-    assert model_loading.resolve_model_path('') == package_files.DEMO_MODEL_DIR
-    assert model_loading.resolve_model_path(str(tmp_path)) == tmp_path
+    from orin_llm_node import package_files, parameters
+    assert parameters.resolve_model_path('') == package_files.DEMO_MODEL_DIR
+    assert parameters.resolve_model_path(str(tmp_path)) == tmp_path
     monkeypatch.setattr(package_files, 'DEMO_MODEL_DIR', tmp_path / 'no_demo_model')
     with pytest.raises(ValueError, match='set model_path'):
-        model_loading.resolve_model_path('')
+        parameters.resolve_model_path('')
 
 
 def test_bad_parameter_exits_with_one_line(tmp_path):

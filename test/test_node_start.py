@@ -55,7 +55,7 @@ def test_a_camera_named_like_the_nodes_own_topics_stops_the_start(names, args, s
 # now).  Everything around it -- rclpy's lifecycle, which swallows an exception from a
 # transition without a word, the executor, the exit path -- is the real one.
 FAILING_ACTIVATION = '''
-from orin_llm_node.ros.intake import ImageIntake
+from orin_llm_node.ros.cameras.intake import ImageIntake
 from orin_llm_node.ros.main import main
 
 opened = ImageIntake.subscribe

@@ -9,8 +9,8 @@ refused with one line whatever they hold. (Over real rclpy: test_node_params.py.
 
 import pytest
 
-from orin_llm_node.ros.parameter_files import values_from_files
-from orin_llm_node.ros.parameters import MAX_PROMPT_CHARS, ParameterError, check_parameter
+from orin_llm_node.parameter_files import values_from_files
+from orin_llm_node.parameters import MAX_PROMPT_CHARS, ParameterError, check_parameter
 
 DEEP = '[' * 3000 + ']' * 3000
 
@@ -85,7 +85,7 @@ def test_a_long_value_is_cut_in_the_reason():
 def test_the_temperature_range_is_the_samplers():
     # The table holds the float32 bound as a literal (it is read without importing torch).
     from orin_llm_node.engine.config import MAX_TEMPERATURE
-    from orin_llm_node.ros.parameters import FLOAT32_MAX, PARAMS_BY_NAME
+    from orin_llm_node.parameters import FLOAT32_MAX, PARAMS_BY_NAME
 
     assert FLOAT32_MAX == MAX_TEMPERATURE
     assert PARAMS_BY_NAME['temperature'].bounds.high == MAX_TEMPERATURE

@@ -16,7 +16,7 @@ rclpy = pytest.importorskip('rclpy')
 
 from rclpy.parameter import Parameter  # noqa: E402
 
-from orin_llm_node.ros import parameters  # noqa: E402
+from orin_llm_node import parameters  # noqa: E402
 from orin_llm_node.ros.node import OrinLLMNode  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_the_launch_file_makes_its_arguments_from_the_parameter_table():
     tree = _launch_tree()
     imports = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                for a in n.names}
-    assert ('orin_llm_node.ros.parameters', 'PARAMETERS') in imports
+    assert ('orin_llm_node.parameters', 'PARAMETERS') in imports
     # No parameter name is spelled out in the launch file: they all come from the table.
     literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
     assert not literals & set(SPEC), literals & set(SPEC)

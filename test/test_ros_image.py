@@ -11,8 +11,8 @@ import cv2
 import numpy as np
 import pytest
 
-from orin_llm_node.ros import ros_image
-from orin_llm_node.ros.ros_image import ImageConversionError
+from orin_llm_node.ros.cameras import ros_image
+from orin_llm_node.ros.cameras.ros_image import ImageConversionError
 
 sensor_msgs = pytest.importorskip('sensor_msgs.msg')
 

@@ -297,7 +297,7 @@ def test_numbers_beyond_a_float_are_null_and_response_info_stays_strict(numbers_
 
 
 def chat(*args):
-    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client', '-n', NS, '--timeout', '120']
+    cmd = [sys.executable, '-m', 'orin_llm_node.cli.chat', '-n', NS, '--timeout', '120']
     return subprocess.run(cmd + list(args), env=test_node.ros_env(), capture_output=True,
                           text=True, timeout=180)
 

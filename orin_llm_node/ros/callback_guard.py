@@ -21,7 +21,7 @@ import traceback
 
 from rcl_interfaces.msg import SetParametersResult
 
-from orin_llm_node.ros.refusals import REASON_CHARS, clip
+from orin_llm_node.refusals import REASON_CHARS, clip
 
 
 def guarded(node, where, callback, failed=lambda exc, *args: None):

@@ -63,8 +63,8 @@ def _run(args):
     from rclpy.signals import SignalHandlerOptions
     from rclpy.utilities import remove_ros_args
 
+    from orin_llm_node.parameters import ParameterError
     from orin_llm_node.ros.node import NODE_NAME, OrinLLMNode
-    from orin_llm_node.ros.parameters import ParameterError
 
     argv = sys.argv if args is None else ['orin_llm_node', *args]
     try:

@@ -2,23 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """From the node's parameters to a warmed-up engine, and back to free memory (session thread)."""
 
-from pathlib import Path
 import sys
 import time
 
-from orin_llm_node import package_files
-from orin_llm_node.ros.parameters import engine_config
-
-
-def resolve_model_path(model_path):
-    """The checkpoint directory: ``model_path``, or the embedded demo checkpoint when empty."""
-    if model_path:
-        return Path(model_path).expanduser()
-    demo = package_files.DEMO_MODEL_DIR
-    if (demo / 'config.json').is_file():
-        return demo
-    raise ValueError(f'model_path is empty and the demo checkpoint is not installed '
-                     f'({demo}): set model_path to a Qwen3-VL checkpoint directory')
+from orin_llm_node.parameters import engine_config, resolve_model_path
 
 
 def load_engine(params, log, should_stop=None):

@@ -3,10 +3,10 @@
 """The ROS 2 node ``orin_llm``: its publishers, services, lifecycle and prompt intake.
 
 Threading: callbacks run on the executor and only check headers, remember the newest image
-(:mod:`~orin_llm_node.ros.intake`) and queue prompts; **one session thread owns the engine**
-(:mod:`~orin_llm_node.ros.session`: loading, warm-up, graph capture, answers), which speaks
-through the node's :class:`~orin_llm_node.ros.node_replies.NodeReplies`.  docs/architecture.md
-draws the whole picture.
+(:mod:`~orin_llm_node.ros.cameras.intake`) and queue prompts; **one session thread owns the
+engine** (:mod:`~orin_llm_node.ros.session`: loading, warm-up, graph capture, answers), which
+speaks through the node's :class:`~orin_llm_node.ros.node_replies.NodeReplies`.
+docs/architecture.md draws the whole picture.
 """
 
 import logging
@@ -20,26 +20,15 @@ from rclpy.node import Node
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
-from orin_llm_node.ros import contract, node_parameters, parameters
+from orin_llm_node import parameters
+from orin_llm_node.ros import contract, node_parameters
 from orin_llm_node.ros.callback_guard import GuardedCallbacks
-from orin_llm_node.ros.camera_report import camera_report
-from orin_llm_node.ros.camera_views import Request
-from orin_llm_node.ros.contract import AnswerInfo
-from orin_llm_node.ros.intake import ImageIntake
+from orin_llm_node.ros.cameras.intake import ImageIntake
 from orin_llm_node.ros.node_replies import NodeReplies, RosLogHandler
-from orin_llm_node.ros.refusals import REASON_CHARS, clip, preview
-from orin_llm_node.ros.request_envelope import EnvelopeError, parse_envelope
+from orin_llm_node.ros.prompts import PromptIntake
 from orin_llm_node.ros.session import LoadFailed, Session
 
 NODE_NAME = 'orin_llm'
-# Why a prompt is refused in each state but ``ready`` (the state is named before it).
-_NOT_READY = {
-    'unconfigured': 'configure and activate it to take prompts',
-    'loading': 'the model is loading; prompts are taken once ready is true',
-    'inactive': 'activate it to take prompts',
-    'failed': 'the model could not be loaded',
-    'finalized': 'the node is shutting down',
-}
 
 
 class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
@@ -80,13 +69,13 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
         self.replies = NodeReplies(self, self.params)
         self.engine_facts = None        # the loaded engine's EngineFacts, configure to cleanup
         self._load_started = self._last_load_log = time.monotonic()
-        self._next_request_id = 1
         self.intake = ImageIntake(self, MutuallyExclusiveCallbackGroup())
         self.replies.intake = self.intake
         self.session = Session(self.replies, self.settings, self.stop_requested.is_set)
         self._open_services = []        # from activate to deactivate
-        for topic, callback in ((contract.PROMPT, self._on_prompt),
-                                (contract.PROMPT_JSON, self._on_prompt_json)):
+        self.prompts = PromptIntake(self)
+        for topic, callback in ((contract.PROMPT, self.prompts.on_prompt),
+                                (contract.PROMPT_JSON, self.prompts.on_prompt_json)):
             self.create_subscription(String, topic.name, callback, topic.qos(),
                                      callback_group=self._prompt_group)
         self.add_on_set_parameters_callback(lambda params: node_parameters.on_set(self, params))
@@ -131,76 +120,7 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
                 self.get_logger().info(f'still loading the model ({elapsed:.0f} s)...')
         self.replies.diagnostics()
 
-    # ---- prompts and services (executor) ---------------------------------------------------
-
-    def _refuse(self, request_id, text, reason, tag=None, cameras=None):
-        """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered.
-
-        ``cameras``: what the cameras gave it (a clip refused), as ``response/info`` says it.
-        """
-        reason = clip(reason, REASON_CHARS)
-        self.replies.error(f'request {request_id}: {reason}')
-        self.replies.info(AnswerInfo.refused(request_id, text, reason, tag, cameras))
-
-    def _on_prompt(self, msg):
-        request_id = self._next_request_id
-        self._next_request_id += 1
-        self._enqueue(request_id, msg.data)
-
-    def _on_prompt_json(self, msg):
-        """A ``prompt/json`` request envelope (request_envelope.py): checked, then queued."""
-        request_id = self._next_request_id
-        self._next_request_id += 1
-        try:
-            envelope = parse_envelope(msg.data)
-        except EnvelopeError as exc:
-            self._refuse(request_id, None, f'prompt/json refused: {exc}', exc.tag)
-            return
-        self._enqueue(request_id, envelope.pop('prompt'), envelope)
-
-    def _enqueue(self, request_id, text, envelope=None):
-        """Check a prompt, pair it with the cameras' frames (or clips) and queue it.
-
-        ``envelope``: the checked keys of a ``prompt/json`` request; its ``video_s`` asks for
-        a clip (plain prompts: the ``video_window_s`` parameter).
-        """
-        tag = (envelope or {}).get('tag')
-        if not text.strip():
-            self._refuse(request_id, text, 'empty prompt ignored', tag)
-            return
-        if len(text) > parameters.MAX_PROMPT_CHARS:
-            self._refuse(request_id, text[:200], f'prompt of {len(text)} characters rejected '
-                         f'(limit {parameters.MAX_PROMPT_CHARS})', tag)
-            return
-        state = self.state()
-        if state != 'ready':
-            why = _NOT_READY.get(state, 'it is not taking prompts')
-            self._refuse(request_id, text, f'node is {state}: {why}', tag)
-            return
-        video_s = (envelope or {}).get('video_s', self.runtime('video_window_s'))
-        if video_s > self.params['video_buffer_s']:
-            self._refuse(request_id, text, f'a clip of {video_s:g} s asked for, but each camera '
-                         f"keeps {self.params['video_buffer_s']:g} s (video_buffer_s)", tag)
-            return
-        now = self.get_clock().now().nanoseconds
-        views, synchronised = self.intake.take(now, self.params['image_max_age_s'], video_s)
-        request = Request(request_id, text, views, synchronised, video_s, envelope)
-        missing = '; '.join(f'{v.name}: {v.missing}' for v in views if v.missing)
-        if video_s > 0 and all(v.missing for v in views):
-            self._refuse(request_id, text, f'a clip of the last {video_s:g} s has zero frames '
-                         f'({missing})', tag, camera_report(request))
-            return
-        if missing:
-            self.get_logger().info(f'{missing}: the prompt is answered without '
-                                   + ('these cameras' if len(views) > 1 else 'an image'))
-        capacity = self.params['queue_size']
-        dropped = self.session.submit(request, capacity)
-        self.replies.facts(queue_depth=self.session.queue_depth())
-        if dropped is not None:
-            self.replies.count(dropped_prompts=1)
-            self._refuse(dropped.request_id, dropped.text,
-                         f"queue full (queue_size {capacity}): dropped the oldest prompt "
-                         f"'{preview(dropped.text)}'", (dropped.envelope or {}).get('tag'))
+    # ---- services (executor) ------------------------------------------------------------
 
     def _on_reset(self, request, response):
         del request
@@ -318,8 +238,8 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
         self.replies.ready(False)
         self._close_inputs()
         for request in self.session.drain():
-            self._refuse(request.request_id, request.text, 'node deactivated',
-                         (request.envelope or {}).get('tag'))
+            self.prompts.refuse(request.request_id, request.text, 'node deactivated',
+                                (request.envelope or {}).get('tag'))
         self.replies.error('deactivated: prompts are refused until the node is activated')
         self.replies.diagnostics(force=True)
         return TransitionCallbackReturn.SUCCESS

@@ -3,7 +3,7 @@
 """The parameter table (parameters.py) on the rclpy node: declaration and run-time updates.
 
 :func:`declare` declares every parameter with its type, description and constraints and checks
-the values once (a bad one is a :class:`~orin_llm_node.ros.parameters.ParameterError`, one line
+the values once (a bad one is a :class:`~orin_llm_node.parameters.ParameterError`, one line
 naming it: main() exits 2); :func:`on_set` is the node's set-parameters callback.
 """
 
@@ -19,7 +19,7 @@ from rcl_interfaces.msg import (
 import rclpy
 from rclpy.exceptions import InvalidParameterTypeException, ParameterException
 
-from orin_llm_node.ros.parameters import (
+from orin_llm_node.parameters import (
     INT_MAX,
     PARAMETERS,
     PARAMS_BY_NAME,
@@ -29,7 +29,7 @@ from orin_llm_node.ros.parameters import (
     check_parameters,
     wrong_type,
 )
-from orin_llm_node.ros.refusals import clip
+from orin_llm_node.refusals import clip
 
 _ROS_TYPES = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
               float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING,

@@ -17,9 +17,9 @@ import rclpy
 from std_msgs.msg import Bool, String
 
 from orin_llm_node.jetson_power import read_power_state
+from orin_llm_node.refusals import REASON_CHARS, RefusalLimiter, clip
 from orin_llm_node.ros import contract
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, NodeFacts
-from orin_llm_node.ros.refusals import REASON_CHARS, RefusalLimiter, clip
 
 
 class NodeReplies:

@@ -19,7 +19,7 @@ import math
 from orin_llm_node import bounded_json
 from orin_llm_node.engine.config import SamplingParams
 from orin_llm_node.engine.structured import check_grammar, check_response_format
-from orin_llm_node.ros.parameters import MAX_PROMPT_CHARS, PARAMS_BY_NAME
+from orin_llm_node.parameters import MAX_PROMPT_CHARS, PARAMS_BY_NAME
 
 
 class EnvelopeError(ValueError):

@@ -18,11 +18,13 @@ import threading
 import time
 import traceback
 
-from orin_llm_node.ros import camera_prompt, model_loading, parameters
-from orin_llm_node.ros.camera_report import camera_report
+from orin_llm_node import parameters
+from orin_llm_node.refusals import REASON_CHARS, preview
+from orin_llm_node.ros import model_loading
+from orin_llm_node.ros.cameras import camera_prompt
+from orin_llm_node.ros.cameras.camera_report import camera_report
+from orin_llm_node.ros.cameras.frame_ring import FrameSizer
 from orin_llm_node.ros.contract import AnswerInfo
-from orin_llm_node.ros.frame_ring import FrameSizer
-from orin_llm_node.ros.refusals import REASON_CHARS, preview
 from orin_llm_node.ros.request_envelope import sampling_overrides
 
 

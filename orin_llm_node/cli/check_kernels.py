@@ -12,7 +12,7 @@ every variant; the ``kernel cache`` row says where, and warns when nothing can b
 
 import time
 
-from orin_llm_node.check import FAIL, PASS, SKIP, WARN, Check
+from orin_llm_node.cli.check import FAIL, PASS, SKIP, WARN, Check
 
 #: Where CuPy finds the CUDA toolkit on a Jetson (JetPack installs it there).
 JETSON_CUDA_PATH = '/usr/local/cuda'

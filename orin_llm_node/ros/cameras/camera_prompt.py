@@ -10,8 +10,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from orin_llm_node.ros import ros_image
-from orin_llm_node.ros.refusals import REASON_CHARS, clip, preview
+from orin_llm_node.refusals import REASON_CHARS, clip, preview
+from orin_llm_node.ros.cameras import ros_image
 
 
 def decode(request, rejected):

@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 from PIL import Image as PILImage
 
-from orin_llm_node.ros.refusals import clip
+from orin_llm_node.refusals import clip
 
 # Limits: far above any robot camera, far below what would exhaust memory (a compressed image
 # at MAX_PIXELS decodes to 3 x 32 MiB on the session thread; a larger one is refused from its

@@ -8,8 +8,8 @@ their frames.  No rclpy: the messages are held, never built here.
 
 from dataclasses import dataclass, field
 
-from orin_llm_node.ros import ros_image
-from orin_llm_node.ros.refusals import clip
+from orin_llm_node.refusals import clip
+from orin_llm_node.ros.cameras import ros_image
 
 # A frame_id is repeated in response/info cut to this length (it is the sender's text).
 FRAME_ID_CHARS = 128

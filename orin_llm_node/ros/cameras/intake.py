@@ -18,14 +18,14 @@ import time
 from rclpy.qos import ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 
-from orin_llm_node.ros import ros_image
-from orin_llm_node.ros.blind_camera import BlindWatch
-from orin_llm_node.ros.camera_sync import ApproximateSync
-from orin_llm_node.ros.camera_views import FRAME_ID_CHARS, CameraView, PendingImage
+from orin_llm_node.parameters import camera_topics
+from orin_llm_node.refusals import REASON_CHARS, clip
+from orin_llm_node.ros.cameras import ros_image
+from orin_llm_node.ros.cameras.blind_camera import BlindWatch
+from orin_llm_node.ros.cameras.camera_sync import ApproximateSync
+from orin_llm_node.ros.cameras.camera_views import FRAME_ID_CHARS, CameraView, PendingImage
+from orin_llm_node.ros.cameras.frame_ring import FrameRing, resize_for_model
 from orin_llm_node.ros.contract import image_qos
-from orin_llm_node.ros.frame_ring import FrameRing, resize_for_model
-from orin_llm_node.ros.parameters import camera_topics
-from orin_llm_node.ros.refusals import REASON_CHARS, clip
 
 try:                                    # Iron and later
     from rclpy.event_handler import SubscriptionEventCallbacks

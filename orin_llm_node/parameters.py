@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 import re
 
-from orin_llm_node import bounded_json
-from orin_llm_node.ros.refusals import REASON_CHARS, clip
+from orin_llm_node import bounded_json, package_files
+from orin_llm_node.refusals import REASON_CHARS, clip
 
 # Longest prompt, prompt/json message and response_format value taken (characters).
 MAX_PROMPT_CHARS = 100_000
@@ -32,6 +32,17 @@ def _model_path_ok(v):
     if v == '' or (Path(v).expanduser() / 'config.json').is_file():
         return None
     return 'must be empty (demo checkpoint) or a checkpoint directory containing config.json'
+
+
+def resolve_model_path(model_path):
+    """The checkpoint directory: ``model_path``, or the embedded demo checkpoint when empty."""
+    if model_path:
+        return Path(model_path).expanduser()
+    demo = package_files.DEMO_MODEL_DIR
+    if (demo / 'config.json').is_file():
+        return demo
+    raise ValueError(f'model_path is empty and the demo checkpoint is not installed '
+                     f'({demo}): set model_path to a Qwen3-VL checkpoint directory')
 
 
 def camera_topics(name):

@@ -8,7 +8,7 @@ checks them with the one parameter table (parameters.py).
 
 from pathlib import Path
 
-from orin_llm_node.ros.parameters import (
+from orin_llm_node.parameters import (
     PARAMETERS,
     PARAMS_BY_NAME,
     ParameterError,
