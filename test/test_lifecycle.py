@@ -18,10 +18,10 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import EVENT_TIMEOUT, EXIT_WITHIN_S, Probe, memory_mb, start_node, stop  # noqa: E402
 from lifecycle_msgs.msg import State, Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
 from rcl_interfaces.srv import GetParameters  # noqa: E402
-from test_node import EVENT_TIMEOUT, EXIT_WITHIN_S, Probe, memory_mb, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 

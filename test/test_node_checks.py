@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""The node refuses parameter values it could not answer with (issue 21).
+"""The node refuses parameter values it could not answer with.
 
 Sampling values, system prompts, response formats (nested too deep, too long, a grammar the
 library does not compile), and at start-up also overrides of the wrong type, beside a params
@@ -17,8 +17,8 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import REPO, SYSTEM, connect, node_command, ros_env, start_node, stop  # noqa: E402
 from rcl_interfaces.srv import DescribeParameters, GetParameters  # noqa: E402
-from test_node import REPO, SYSTEM, connect, node_command, ros_env, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from orin_llm_node.engine.config import MAX_TEMPERATURE  # noqa: E402

@@ -16,9 +16,9 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import EVENT_TIMEOUT, START_TIMEOUT, Probe, node_command, ros_env, stop  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState  # noqa: E402
-from test_node import EVENT_TIMEOUT, START_TIMEOUT, Probe, node_command, ros_env, stop  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

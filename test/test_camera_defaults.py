@@ -22,10 +22,10 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import EVENT_TIMEOUT, connect, defaults_env, node_command, stop  # noqa: E402
 from rclpy.qos import QoSProfile, qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
-from test_node import EVENT_TIMEOUT, connect, node_command, ros_env, stop  # noqa: E402
 
 from orin_llm_node.cli.chat import _image_verdict  # noqa: E402
 from orin_llm_node.cli.chat_client import image_message  # noqa: E402
@@ -38,14 +38,6 @@ pytestmark = pytest.mark.ros
 NS = '/camera_test'
 REMAPPED_NS = '/camera_test_remapped'
 QUESTION = 'What colour is the shape?'
-
-
-def defaults_env():
-    """The test's ROS isolation, and no Fast DDS profile: every process at its defaults."""
-    env = ros_env()
-    for var in PROFILE_VARIABLES:
-        env.pop(var, None)
-    return env
 
 
 def start(ns, log_path, *ros_args):

@@ -22,9 +22,18 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import (  # noqa: E402
+    RELIABLE,
+    START_TIMEOUT,
+    SYSTEM,
+    Probe,
+    memory_mb,
+    ros_env,
+    start_node,
+    stop,
+)
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
-from test_node import RELIABLE, START_TIMEOUT, SYSTEM, Probe, memory_mb, ros_env, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from orin_llm_node.ros.cameras.blind_camera import BLIND_AFTER_S  # noqa: E402
