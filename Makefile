@@ -1,6 +1,7 @@
 # The two commands a newcomer needs:
 #   make demo   set up .venv and run the node on the embedded demo checkpoint (image + prompt)
 #   make test   set up .venv and run lint + the test suite (what CI runs)
+#   make test-fast  lint + the tests that start no node or launch process
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -19,10 +20,11 @@ NP1_STAMP := $(NP1_VENV)/.installed
 NP1_OPENCV := opencv-python-headless==4.8.0.76
 NP1_TESTS := test/test_engine_parity.py test/test_engine_cache.py test/test_engine_conversations.py \
 	test/test_engine_warmup.py test/test_processing.py test/test_rope_index.py \
-	test/test_model_parity.py test/test_ros_image.py test/test_node.py test/test_memory_plan.py \
+	test/test_model_parity.py test/test_ros_image.py test/test_node.py test/test_session.py \
+	test/test_contract.py test/test_memory_plan.py \
 	test/test_jetson_requirements.py
 
-.PHONY: venv demo test test-numpy1 lint clean
+.PHONY: venv demo test test-fast test-numpy1 lint clean
 
 venv: $(STAMP)
 
@@ -48,7 +50,7 @@ $(NP1_STAMP): $(REQS) requirements/jetson-constraints.txt setup.py
 	touch $(NP1_STAMP)
 
 demo: venv
-	$(PY) -m orin_llm_node.ros.demo
+	$(PY) -m orin_llm_node.cli.demo
 
 lint: venv
 	$(PY) -m ruff check .
@@ -56,6 +58,11 @@ lint: venv
 test: lint
 	$(PY) -m pytest
 	$(MAKE) test-numpy1
+
+# No node processes, no launch: the engine, the session with a recorder for its Replies port
+# (test/test_session.py), the parameter table, the contract, the cameras' pure parts.
+test-fast: lint
+	$(PY) -m pytest -m "not ros and not launch"
 
 test-numpy1: $(NP1_STAMP)
 	$(NP1_PY) -c "import numpy, cv2; assert numpy.__version__ < '2', numpy.__version__; \

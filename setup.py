@@ -68,8 +68,8 @@ setup(
     entry_points={
         'console_scripts': [
             f'orin_llm_node = {PACKAGE}.ros.main:main',
-            f'orin_llm_chat = {PACKAGE}.ros.chat_client:main',
-            f'orin_llm_check = {PACKAGE}.check:main',
+            f'orin_llm_chat = {PACKAGE}.cli.chat:main',
+            f'orin_llm_check = {PACKAGE}.cli.check:main',
         ],
     },
 )

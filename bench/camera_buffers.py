@@ -25,9 +25,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from orin_llm_node.parameters import PARAMS_BY_NAME  # noqa: E402
 from orin_llm_node.processing.image import ImageProcessor  # noqa: E402
-from orin_llm_node.ros.frame_ring import FrameRing, FrameSizer, resize_for_model  # noqa: E402
-from orin_llm_node.ros.parameters import PARAMS_BY_NAME  # noqa: E402
+from orin_llm_node.ros.cameras.frame_ring import FrameRing, FrameSizer, resize_for_model  # noqa: E402
 
 CAMERA_HZ = 30
 RESOLUTIONS = ((640, 480), (1280, 720), (1920, 1080))

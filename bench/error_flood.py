@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Benchmark: what a flood of bad camera frames costs the node (issue 21, item 2).
+"""Benchmark: what a flood of bad camera frames costs the node.
 
 Starts the node (a subprocess on the embedded demo checkpoint, CPU) and, once it is ready,
 publishes two floods of frames that every check refuses:
@@ -33,7 +33,7 @@ import rclpy  # noqa: E402  (after the environment above)
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 
-from orin_llm_node.ros.chat_client import LLMClient  # noqa: E402
+from orin_llm_node.cli.chat_client import LLMClient  # noqa: E402
 
 NS = '/bench_flood'
 DEEP = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000,

@@ -7,7 +7,7 @@ For each checkpoint (the embedded demo checkpoint and a mid-size random one made
 side by side in one run, float32 against every ``quantization`` format:
 
 * ``startup_s``: what the node does before it says ``ready`` -- ``LLMEngine(...)`` (load,
-  quantize at load) plus ``model_loading.warm_up`` (vision grids, one throw-away turn); best of
+  quantize at load) plus ``LLMEngine.warmup`` (vision grids, one throw-away turn); best of
   ``--startup-repeats``;
 * ``decode_tok_s``: a ~40-token text prompt, ``--decode-tokens`` greedy tokens
   (``ignore_eos``), the engine's own ``decode_tok_s``; best of ``--repeats``;
@@ -49,7 +49,6 @@ import torch
 
 from orin_llm_node import package_files
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
-from orin_llm_node.ros.model_loading import warm_up
 from orin_llm_node.testing import make_tiny_checkpoint
 
 FORMATS = ("none", "int8", "int4", "int4_asym", "fp8")
@@ -73,7 +72,7 @@ def start(model_dir: Path, fmt: str) -> tuple[LLMEngine, float]:
     """The node's start-up: load (+ quantize) and warm up; returns the engine and seconds."""
     t0 = time.perf_counter()
     engine = LLMEngine(engine_config(model_dir, fmt))
-    warm_up(engine)
+    engine.warmup()
     return engine, time.perf_counter() - t0
 
 

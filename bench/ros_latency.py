@@ -163,7 +163,7 @@ def in_child(args, profile=None):
 
 
 def conversions(repeat=20):
-    from orin_llm_node.ros import ros_image
+    from orin_llm_node.ros.cameras import ros_image
 
     rgb = frame()
     cases = {
@@ -185,8 +185,8 @@ def conversions(repeat=20):
 
 def prompts(count):
     """Prompt -> first delta / full answer through the node process on a tiny checkpoint."""
-    from orin_llm_node.ros.chat_client import LLMClient
-    from orin_llm_node.ros.ros_image import rgb_to_image
+    from orin_llm_node.cli.chat_client import LLMClient
+    from orin_llm_node.ros.cameras.ros_image import rgb_to_image
     from orin_llm_node.testing import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint(Path(tempfile.mkdtemp(prefix='bench_ros_')) / 'tiny')

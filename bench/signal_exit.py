@@ -37,8 +37,8 @@ import rclpy  # noqa: E402  (after the environment above)
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from std_msgs.msg import Bool, String  # noqa: E402
 
+from orin_llm_node.cli.chat_client import LLMClient  # noqa: E402
 from orin_llm_node.package_files import DEMO_MODEL_DIR  # noqa: E402
-from orin_llm_node.ros.chat_client import LLMClient  # noqa: E402
 
 NS = '/bench_signal'
 LATCHED = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,

@@ -26,7 +26,7 @@ from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 from lifecycle_msgs.msg import Transition
 
-from orin_llm_node.ros.parameters import PARAMETERS, from_text
+from orin_llm_node.parameters import PARAMETERS, from_text
 
 PACKAGE = 'orin_llm_node'
 

@@ -45,7 +45,7 @@ def assert_reference_greedy(ref, result):
     reference, teacher-forced on ``result``'s tokens, scores each within ``FP32_NEAR_TIE`` of
     its own best (``orin_llm_check`` applies the same rule to its fp32 row).
     """
-    from orin_llm_node.check import FP32_NEAR_TIE, greedy_gaps
+    from orin_llm_node.cli.check import FP32_NEAR_TIE, greedy_gaps
 
     logits = ref.next_token_logits(result.prompt_token_ids, result.prompt_images,
                                    result.token_ids)

@@ -18,19 +18,19 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import RELIABLE, SYSTEM, connect, start_node, stop  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
-import test_node  # noqa: E402
-from test_node import MAX_NEW, RELIABLE, SYSTEM, connect, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
 NS = '/llm_guard'
+MAX_NEW = 6
 DEEP = '[' * 2000 + ']' * 2000
 
-HARNESS = '''
+FAULTY_NODE = '''
 import json
 import sys
 
@@ -56,11 +56,10 @@ main.main(sys.argv[1:])
 
 @pytest.fixture(scope='module')
 def faulty(tiny_ckpt, tmp_path_factory):
-    harness = tmp_path_factory.mktemp('guard') / 'faulty_node.py'
-    harness.write_text(HARNESS)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(test_node, 'node_command', lambda: [sys.executable, str(harness)])
-        proc = start_node(tiny_ckpt, NS, harness.parent, f'max_new_tokens:={MAX_NEW}')
+    script = tmp_path_factory.mktemp('guard') / 'faulty_node.py'
+    script.write_text(FAULTY_NODE)
+    proc = start_node(tiny_ckpt, NS, script.parent, f'max_new_tokens:={MAX_NEW}',
+                      command=[sys.executable, str(script)])
     try:
         p = connect(proc, NS)
     except BaseException:

@@ -17,12 +17,11 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import EVENT_TIMEOUT, START_TIMEOUT, Probe, defaults_env, node_command, stop  # noqa: E402
 from rclpy.qos import QoSProfile, qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
-from test_camera import defaults_env  # noqa: E402
-from test_node import EVENT_TIMEOUT, START_TIMEOUT, Probe, node_command, stop  # noqa: E402
 
-from orin_llm_node.ros.blind_camera import BLIND_AFTER_S, BlindWatch  # noqa: E402
+from orin_llm_node.ros.cameras.blind_camera import BLIND_AFTER_S, BlindWatch  # noqa: E402
 
 NS = '/camera_blind_test'
 FRAME = np.full((48, 64, 3), 90, np.uint8)            # 9216 bytes of rgb8: 9 KB

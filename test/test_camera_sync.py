@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 import pytest
 
-from orin_llm_node.ros.camera_sync import ApproximateSync
+from orin_llm_node.ros.cameras.camera_sync import ApproximateSync
 
 MS = 1_000_000
 

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip('rclpy')
 
-from orin_llm_node.ros.chat_client import image_message  # noqa: E402
+from orin_llm_node.cli.chat_client import image_message  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -74,7 +74,7 @@ def test_an_unreadable_image_file_is_one_line_and_no_traceback(tmp_path, case):
         path = _unreadable(tmp_path)
     env = dict(os.environ, ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1')
     # --timeout 1: were the file accepted, the client would say instead that no node is ready.
-    out = subprocess.run([sys.executable, '-m', 'orin_llm_node.ros.chat_client', '-n',
+    out = subprocess.run([sys.executable, '-m', 'orin_llm_node.cli.chat', '-n',
                           '/chat_client_files', '--timeout', '1', '--image', str(path), 'Hi?'],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode in (1, 2), out.stderr
@@ -107,7 +107,7 @@ def test_a_schema_file_the_node_could_not_take_is_one_line_and_exit_2(tmp_path, 
     elif case == 'too long':
         path.write_text('{"enum": ["' + 'x' * 100_000 + '"]}')
     env = dict(os.environ, ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST', ROS_LOCALHOST_ONLY='1')
-    out = subprocess.run([sys.executable, '-m', 'orin_llm_node.ros.chat_client', '-n',
+    out = subprocess.run([sys.executable, '-m', 'orin_llm_node.cli.chat', '-n',
                           '/chat_client_schema', '--timeout', '1', '--schema', str(path), 'Hi?'],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr

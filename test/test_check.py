@@ -13,7 +13,7 @@ import pytest
 
 def run_check(tmp_path, *overrides):
     out = tmp_path / 'check.json'
-    cmd = [sys.executable, '-m', 'orin_llm_node.check', '--params-file',
+    cmd = [sys.executable, '-m', 'orin_llm_node.cli.check', '--params-file',
            str(REPO / 'config/orin_llm.yaml'), '--json', str(out)]
     for o in overrides:
         cmd += ['-p', o]
@@ -50,7 +50,7 @@ def test_a_bad_parameter_is_one_line(tmp_path):
 
 
 def test_console_script_is_declared():
-    assert "orin_llm_check = {PACKAGE}.check:main" in (REPO / 'setup.py').read_text()
+    assert "orin_llm_check = {PACKAGE}.cli.check:main" in (REPO / 'setup.py').read_text()
 
 
 def test_cuda_asked_for_on_a_cpu_is_a_failure_with_the_fix(tiny_ckpt, tmp_path):
@@ -72,7 +72,7 @@ def _emulated_rows(launchers):
     import kernel_emulator
     import torch
 
-    from orin_llm_node.check_kernels import fused_rows
+    from orin_llm_node.cli.check_kernels import fused_rows
 
     if not kernel_emulator.compiler_available():
         pytest.skip('no C compiler for the kernel emulator')
@@ -87,7 +87,7 @@ def _emulated_rows(launchers):
 
 def test_fused_kernel_rows_launch_every_kernel_on_the_cpu_kernel_emulator():
     """The GPU-only rows, run here: the kernels emulated on the CPU (test/kernel_emulator.py)."""
-    from orin_llm_node import check
+    from orin_llm_node.cli import check
 
     launchers = {}
     rows = _emulated_rows(launchers)
@@ -108,7 +108,8 @@ def test_a_fused_row_that_launched_no_kernel_fails(monkeypatch):
     """FusedOps keeping the device as named (cpu:0) matches no input: torch vs torch, FAIL."""
     import torch
 
-    from orin_llm_node import check, cuda_ops
+    from orin_llm_node.cli import check
+    from orin_llm_node.kernels import cuda_ops
 
     monkeypatch.setattr(cuda_ops, 'tensor_device', torch.device)
     launchers = {}
@@ -122,8 +123,8 @@ def test_fused_ops_take_the_device_index_their_tensors_report(monkeypatch):
     """``cuda`` is the current device as tensors name it (cuda:1 here); ``cpu:0`` is ``cpu``."""
     import torch
 
-    from orin_llm_node.cuda_ops import FusedOps
-    from orin_llm_node.layers import dispatch
+    from orin_llm_node.kernels import dispatch
+    from orin_llm_node.kernels.cuda_ops import FusedOps
 
     monkeypatch.setattr(torch.cuda, 'current_device', lambda: 1)
     for named, reported in (('cuda', 'cuda:1'), ('cuda:0', 'cuda:0'), ('cpu:0', 'cpu')):
@@ -132,8 +133,9 @@ def test_fused_ops_take_the_device_index_their_tensors_report(monkeypatch):
 
 
 def test_kernel_cache_is_cupys_directory_and_the_row_says_where(tmp_path, monkeypatch):
-    from orin_llm_node import check, cuda_ops
-    from orin_llm_node.check_kernels import kernel_cache_row
+    from orin_llm_node.cli import check
+    from orin_llm_node.cli.check_kernels import kernel_cache_row
+    from orin_llm_node.kernels import cuda_ops
 
     monkeypatch.delenv('CUPY_CACHE_DIR', raising=False)
     monkeypatch.delenv('CUPY_CACHE_IN_MEMORY', raising=False)
@@ -163,8 +165,8 @@ def test_kernel_cache_is_cupys_directory_and_the_row_says_where(tmp_path, monkey
 
 
 def test_no_cuda_root_names_the_jetson_one():
-    from orin_llm_node import check
-    from orin_llm_node.check_kernels import cuda_root_row
+    from orin_llm_node.cli import check
+    from orin_llm_node.cli.check_kernels import cuda_root_row
 
     row = cuda_root_row(None)
     assert row.status == check.WARN and row.fix.startswith('export CUDA_PATH=/usr/local/cuda ')
@@ -174,7 +176,7 @@ def test_no_cuda_root_names_the_jetson_one():
 def test_greedy_gaps_are_zero_for_the_argmax_and_the_shortfall_otherwise():
     import torch
 
-    from orin_llm_node.check import greedy_gaps
+    from orin_llm_node.cli.check import greedy_gaps
 
     logits = torch.tensor([[0.0, 2.0, 1.9995], [3.0, -1.0, 0.0]])
     assert greedy_gaps(logits, [1, 0]).tolist() == [0.0, 0.0]
@@ -188,7 +190,7 @@ def test_fp32_row_passes_the_same_model_and_fails_another(make_ckpt, tiny_ckpt):
     The answer of the same checkpoint passes (each token is the reference's choice); the answer
     of a checkpoint with other weights does not.
     """
-    from orin_llm_node import check
+    from orin_llm_node.cli import check
 
     reference = check.tiny_engine(tiny_ckpt, 'cpu', 'float32', False)
     same = check.tiny_answer(check.tiny_engine(tiny_ckpt, 'cpu', 'float32', False))
@@ -207,7 +209,7 @@ def test_the_eager_side_of_graph_vs_eager_prefills_at_the_graph_row_counts(tiny_
     Both engines answer a question after the cached system prompt; a graph engine pads that
     suffix to its smallest bucket, and so must the eager side it is compared with.
     """
-    from orin_llm_node import check
+    from orin_llm_node.cli import check
     from orin_llm_node.engine.prefill_graph import DEFAULT_BUCKETS
 
     engine = check.tiny_engine(tiny_ckpt, 'cpu', 'float32', False, like_graphs=True)
@@ -229,7 +231,7 @@ def test_the_eager_side_of_graph_vs_eager_prefills_at_the_graph_row_counts(tiny_
 def test_graph_row_fails_on_the_first_differing_token():
     from types import SimpleNamespace
 
-    from orin_llm_node import check
+    from orin_llm_node.cli import check
 
     a, b = SimpleNamespace(token_ids=[1, 2, 3, 4]), SimpleNamespace(token_ids=[1, 2, 5, 4])
     row = check.graph_row(True, a, b)

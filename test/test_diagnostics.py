@@ -11,7 +11,7 @@ pytest.importorskip('diagnostic_msgs.msg')
 from orin_llm_node.engine.block_pool import BlockPool  # noqa: E402
 from orin_llm_node.engine.kv_manager import KVCacheManager  # noqa: E402
 from orin_llm_node.ros import diagnostics as diag  # noqa: E402
-from orin_llm_node.ros.diagnostics import ERROR, OK, WARN, DiagnosticsMonitor, GenerationInfo  # noqa: E402
+from orin_llm_node.ros.diagnostics import ERROR, OK, WARN, DiagnosticsMonitor, NodeFacts  # noqa: E402
 
 
 def _stats(**changes):
@@ -36,7 +36,7 @@ def test_pool_status_has_every_key_of_the_design():
 
 
 def test_generation_status_has_every_key_of_the_design():
-    info = GenerationInfo(state='ready', device='cpu', dtype='float32', last_ttft_ms=12.5,
+    info = NodeFacts(state='ready', device='cpu', dtype='float32', last_ttft_ms=12.5,
                           last_finish_reason='stop', requests=3)
     status = diag.generation_status(info, {})
     values = _values(status)
@@ -48,7 +48,7 @@ def test_generation_status_has_every_key_of_the_design():
 
 def test_attention_backend_fallback_is_reported_with_its_reason():
     """attention_backend auto fell back on a GPU: the robot runs, slowly; WARN says why."""
-    info = GenerationInfo(state='ready', device='cuda:0', attention_backend='cuda')
+    info = NodeFacts(state='ready', device='cuda:0', attention_backend='cuda')
     values = _values(diag.generation_status(info, {}))
     assert values['attention_backend'] == 'cuda' and values['backend_fallback_reason'] == ''
     info.update(attention_backend='torch',
@@ -68,9 +68,9 @@ def test_levels():
     assert diag.level_of(err) == ERROR and 'truncated' in err.message
     err = diag.pool_status(_stats(), {'rejected_prompts': 2}, 0.9)
     assert diag.level_of(err) == ERROR and '2 prompt(s) rejected' in err.message
-    failed = diag.generation_status(GenerationInfo(state='failed', detail='boom'), {})
+    failed = diag.generation_status(NodeFacts(state='failed', detail='boom'), {})
     assert diag.level_of(failed) == ERROR and 'boom' in failed.message
-    warn = diag.generation_status(GenerationInfo(state='ready'), {'errors': 1})
+    warn = diag.generation_status(NodeFacts(state='ready'), {'errors': 1})
     assert diag.level_of(warn) == WARN
 
 
@@ -80,7 +80,7 @@ def _levels(statuses):
 
 def test_monitor_publishes_periodically_and_at_once_on_a_level_change():
     mon = DiagnosticsMonitor(period_s=1.0, warn_fraction=0.9)
-    info = GenerationInfo(state='ready')
+    info = NodeFacts(state='ready')
     stats = _stats()
     assert mon.update(0.0, stats, info) is not None          # first call: publish
     assert mon.update(0.5, stats, info) is None              # nothing changed, not due
@@ -102,7 +102,7 @@ def test_monitor_publishes_periodically_and_at_once_on_a_level_change():
 
 def test_monitor_counts_only_growth_seen_within_the_period():
     mon = DiagnosticsMonitor(period_s=2.0, warn_fraction=0.9)
-    info = GenerationInfo(state='ready')
+    info = NodeFacts(state='ready')
     mon.update(0.0, _stats(evictions=5), info)               # old evictions: baseline
     assert _levels(mon.statuses(0.1, _stats(evictions=5), info)) == [OK, OK]
     assert _levels(mon.statuses(0.2, _stats(evictions=7), info))[0] == WARN
@@ -113,7 +113,7 @@ def test_monitor_counts_only_growth_seen_within_the_period():
 
 def test_monitor_without_an_engine_yet():
     mon = DiagnosticsMonitor(period_s=1.0, warn_fraction=0.9, node_name='robot_llm')
-    out = mon.update(0.0, None, GenerationInfo(state='loading'))
+    out = mon.update(0.0, None, NodeFacts(state='loading'))
     assert [s.name for s in out] == ['robot_llm: generation']
     assert 'loading' in out[0].message
 
@@ -124,7 +124,7 @@ def test_generation_info_never_loses_an_update_between_threads():
     import sys
     import threading
 
-    info = GenerationInfo(state='ready')
+    info = NodeFacts(state='ready')
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:

@@ -17,7 +17,7 @@ import pytest
 
 from orin_llm_node.processing.image import ImageProcessor
 from orin_llm_node.processing.video import VideoProcessor
-from orin_llm_node.ros.frame_ring import FrameRing, FrameSizer, resize_for_model
+from orin_llm_node.ros.cameras.frame_ring import FrameRing, FrameSizer, resize_for_model
 
 NS = 1_000_000_000
 CAMERA_PERIOD_NS = NS // 30

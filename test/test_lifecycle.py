@@ -18,9 +18,10 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import EVENT_TIMEOUT, EXIT_WITHIN_S, Probe, memory_mb, start_node, stop  # noqa: E402
 from lifecycle_msgs.msg import State, Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
-from test_node import EVENT_TIMEOUT, EXIT_WITHIN_S, Probe, memory_mb, start_node, stop  # noqa: E402
+from rcl_interfaces.srv import GetParameters  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 
@@ -125,6 +126,15 @@ def slow_warmup_ckpt(make_ckpt):
     return path
 
 
+@pytest.fixture(scope='module')
+def slower_warmup_ckpt(make_ckpt):
+    """Twice the vision blocks: configure outlasts every check below by a wide margin."""
+    from orin_llm_node.testing.tiny_checkpoint import write_preprocessor_config
+    path = make_ckpt('slower_warmup', vision_config={'depth': 12})
+    write_preprocessor_config(path, max_pixels=SLOW_PIXELS)
+    return path
+
+
 @pytest.mark.parametrize('phase', ['loading', 'loaded in'])
 def test_a_signal_during_configure_ends_the_process_at_once(slow_warmup_ckpt, tmp_path, phase):
     ns = '/llm_lifecycle_signal'
@@ -149,6 +159,74 @@ def test_a_signal_during_configure_ends_the_process_at_once(slow_warmup_ckpt, tm
         assert 'warm-up done' not in log, 'the signal waited for the whole warm-up'
         assert elapsed < EXIT_WITHIN_S, f'{elapsed:.1f} s after SIGINT'
         assert 'Traceback' not in log, log[-3000:]
+    finally:
+        probe.close()
+        stop(proc)
+
+
+def _timed(call):
+    t0 = time.monotonic()
+    result = call()
+    return result, time.monotonic() - t0
+
+
+# What "at once" means while configure runs: a service reply or a refusal within this long (it
+# took as long as the whole configure, tens of seconds here, when configure held the executor).
+ANSWER_WITHIN_S = 1.0
+
+
+def test_the_node_answers_while_configure_runs(slower_warmup_ckpt, tmp_path):
+    """While configure runs, the node answers: get_state, parameters, diagnostics, prompts.
+
+    get_state, a parameter get and set answer within a second, the diagnostics timer ticks,
+    and a prompt sent meanwhile is refused at once with the state (loading).
+    """
+    ns = '/llm_lifecycle_busy'
+    proc = start_node(slower_warmup_ckpt, ns, tmp_path, f'image_max_pixels:={SLOW_PIXELS}',
+                      'max_new_tokens:=4', managed=True)
+    probe = Probe(ns)
+    try:
+        probe.spin_until(lambda: probe.ready is not None or proc.poll() is not None, 60.0,
+                         'the latched ready')
+        change = probe.node.create_client(ChangeState, f'{ns}/orin_llm/change_state')
+        get = probe.node.create_client(GetState, f'{ns}/orin_llm/get_state')
+        get_params = probe.node.create_client(GetParameters, f'{ns}/orin_llm/get_parameters')
+        for client in (change, get, get_params, probe.param_client):
+            assert client.wait_for_service(timeout_sec=30.0), client.srv_name
+        probe.spin_until(lambda: probe.pub_prompt.get_subscription_count() > 0, 20.0,
+                         'the prompt subscription')
+        req = ChangeState.Request()
+        req.transition.id = Transition.TRANSITION_CONFIGURE
+        configured = change.call_async(req)
+        probe.spin_until(lambda: ']: loading ' in proc.log_path.read_text(), 120.0,
+                         'configure to start loading')
+
+        def configuring():
+            state, took = _timed(lambda: probe.call(get, GetState.Request(), timeout=60.0))
+            assert took < ANSWER_WITHIN_S, f'get_state took {took:.1f} s'
+            return state.current_state.id == State.TRANSITION_STATE_CONFIGURING
+
+        assert configuring()
+        reply, took = _timed(lambda: probe.call(
+            get_params, GetParameters.Request(names=['max_new_tokens']), timeout=60.0))
+        assert reply.values[0].integer_value == 4 and took < ANSWER_WITHIN_S, took
+        results, took = _timed(lambda: probe.set_params(max_new_tokens=3))
+        assert results[0].successful and took < ANSWER_WITHIN_S, took
+        n_diag = len(probe.diag_log)
+        probe.spin_for(2.0)
+        ticks = [entry for name, entry in probe.diag_log[n_diag:]
+                 if name == 'orin_llm: generation' and entry[2].get('state') == 'loading']
+        assert len(ticks) >= 2, f'{len(ticks)} diagnostics in 2 s (period 0.5 s)'
+        info, took = _timed(lambda: probe.ask_info('Are you loading?', timeout=60.0))
+        assert info['finish_reason'] == 'refused' and 'node is loading' in info['error'], info
+        assert took < ANSWER_WITHIN_S, f'the refusal took {took:.1f} s'
+        assert configuring(), 'configure ended before every check ran: nothing was shown'
+        probe.spin_until(configured.done, 300.0, 'configure to finish')
+        assert configured.result().success
+        req.transition.id = Transition.TRANSITION_INACTIVE_SHUTDOWN
+        assert probe.call(change, req).success
+        assert proc.wait(timeout=30) == 0
+        assert 'Traceback' not in proc.log_path.read_text()
     finally:
         probe.close()
         stop(proc)

@@ -46,7 +46,8 @@ def test_engine_and_warm_up_stop_when_asked(tiny_ckpt):
 
 
 def test_the_node_load_helper_stops_before_the_warm_up_turn(tiny_ckpt):
-    from orin_llm_node.ros import model_loading, parameters
+    from orin_llm_node import parameters
+    from orin_llm_node.ros import model_loading
     params = {p.name: p.default for p in parameters.PARAMETERS}
     params.update(model_path=str(tiny_ckpt), device='cpu')
     flag = threading.Event()

@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""The node refuses parameter values it could not answer with (issue 21).
+"""The node refuses parameter values it could not answer with.
 
 Sampling values, system prompts, response formats (nested too deep, too long, a grammar the
 library does not compile), and at start-up also overrides of the wrong type, beside a params
@@ -17,10 +17,11 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
-from rcl_interfaces.srv import GetParameters  # noqa: E402
-from test_node import REPO, SYSTEM, connect, node_command, ros_env, start_node, stop  # noqa: E402
+from _ros_harness import REPO, SYSTEM, connect, node_command, ros_env, start_node, stop  # noqa: E402
+from rcl_interfaces.srv import DescribeParameters, GetParameters  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from orin_llm_node.engine.config import MAX_TEMPERATURE  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -67,8 +68,11 @@ def expected(reference, system, text):
 def test_sampling_values_that_cannot_sample_are_refused_at_run_time(probe, reference):
     for value in (math.inf, 1e-300, 1e39, -math.inf):
         result = probe.set_params(temperature=value)[0]
-        assert not result.successful and "'temperature'" in result.reason, value
-        assert 'float32' in result.reason, result.reason
+        assert not result.successful and 'temperature' in result.reason, value
+        if 0.0 <= value <= MAX_TEMPERATURE:     # the sampler's own reason
+            assert "'temperature'" in result.reason and 'float32' in result.reason, result
+        else:       # outside the declared range: rclpy refuses it itself, saying so
+            assert 'out of range' in result.reason, result.reason
         assert get_param(probe, 'temperature') == 0.0
     assert not probe.set_params(seed=-2)[0].successful
     assert probe.set_params(seed=2**63 - 1)[0].successful    # the largest a ROS int holds
@@ -76,6 +80,28 @@ def test_sampling_values_that_cannot_sample_are_refused_at_run_time(probe, refer
     assert probe.ask('Still greedy?') == expected(reference, SYSTEM, 'Still greedy?')
     probe.set_params(seed=-1)
     probe.reset()
+
+
+def test_parameters_declare_their_ranges(probe):
+    """Each number parameter's range is described, and rclpy refuses a set outside it.
+
+    ``ros2 param describe`` asks the describe_parameters service, as here; a text parameter's
+    choices are in its description.
+    """
+    describe = probe.node.create_client(DescribeParameters,
+                                        f'{NS}/orin_llm/describe_parameters')
+    names = ['temperature', 'top_p', 'max_new_tokens', 'queue_size', 'image_qos']
+    described = dict(zip(names, probe.call(describe, DescribeParameters.Request(names=names))
+                         .descriptors, strict=True))
+    ranges = {name: (r.from_value, r.to_value) for name, d in described.items()
+              for r in [*d.floating_point_range, *d.integer_range]}
+    assert ranges == {'temperature': (0.0, MAX_TEMPERATURE), 'top_p': (0.0, 1.0),
+                      'max_new_tokens': (1, 2**63 - 1), 'queue_size': (1, 1000)}, ranges
+    assert 'auto, best_effort, reliable' in described['image_qos'].description
+    for name, value in (('top_p', 1.5), ('max_new_tokens', 0), ('temperature', -1.0)):
+        result = probe.set_params(**{name: value})[0]
+        assert not result.successful and 'out of range' in result.reason, (name, result)
+    assert get_param(probe, 'top_p') == 1.0 and get_param(probe, 'max_new_tokens') == MAX_NEW
 
 
 def test_an_unusable_system_prompt_is_refused_and_the_old_one_kept(probe, reference):

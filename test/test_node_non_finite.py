@@ -11,8 +11,8 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
-from test_node import EVENT_TIMEOUT, connect, start_node, stop  # noqa: E402
-from test_sampling_non_finite import poisoned_checkpoint  # noqa: E402
+from _poisoned_checkpoint import poisoned_checkpoint  # noqa: E402
+from _ros_harness import EVENT_TIMEOUT, connect, start_node, stop  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

@@ -16,9 +16,9 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import EVENT_TIMEOUT, START_TIMEOUT, Probe, node_command, ros_env, stop  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState  # noqa: E402
-from test_node import EVENT_TIMEOUT, START_TIMEOUT, Probe, node_command, ros_env, stop  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -55,7 +55,7 @@ def test_a_camera_named_like_the_nodes_own_topics_stops_the_start(names, args, s
 # now).  Everything around it -- rclpy's lifecycle, which swallows an exception from a
 # transition without a word, the executor, the exit path -- is the real one.
 FAILING_ACTIVATION = '''
-from orin_llm_node.ros.intake import ImageIntake
+from orin_llm_node.ros.cameras.intake import ImageIntake
 from orin_llm_node.ros.main import main
 
 opened = ImageIntake.subscribe

@@ -9,12 +9,8 @@ refused with one line whatever they hold. (Over real rclpy: test_node_params.py.
 
 import pytest
 
-from orin_llm_node.ros.parameters import (
-    MAX_PROMPT_CHARS,
-    ParameterError,
-    check_parameter,
-    values_from_files,
-)
+from orin_llm_node.parameter_files import values_from_files
+from orin_llm_node.parameters import MAX_PROMPT_CHARS, ParameterError, check_parameter
 
 DEEP = '[' * 3000 + ']' * 3000
 
@@ -84,3 +80,12 @@ def test_a_long_value_is_cut_in_the_reason():
         "parameter 'temperature' must be a double (e.g. 1.0), got 1000000000")
     assert check_parameter('max_new_tokens', '7') == (
         "parameter 'max_new_tokens' must be an integer, got '7'")
+
+
+def test_the_temperature_range_is_the_samplers():
+    # The table holds the float32 bound as a literal (it is read without importing torch).
+    from orin_llm_node.engine.config import MAX_TEMPERATURE
+    from orin_llm_node.parameters import FLOAT32_MAX, PARAMS_BY_NAME
+
+    assert FLOAT32_MAX == MAX_TEMPERATURE
+    assert PARAMS_BY_NAME['temperature'].bounds.high == MAX_TEMPERATURE

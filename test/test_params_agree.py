@@ -16,7 +16,7 @@ rclpy = pytest.importorskip('rclpy')
 
 from rclpy.parameter import Parameter  # noqa: E402
 
-from orin_llm_node.ros import parameters  # noqa: E402
+from orin_llm_node import parameters  # noqa: E402
 from orin_llm_node.ros.node import OrinLLMNode  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_the_launch_file_makes_its_arguments_from_the_parameter_table():
     tree = _launch_tree()
     imports = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                for a in n.names}
-    assert ('orin_llm_node.ros.parameters', 'PARAMETERS') in imports
+    assert ('orin_llm_node.parameters', 'PARAMETERS') in imports
     # No parameter name is spelled out in the launch file: they all come from the table.
     literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
     assert not literals & set(SPEC), literals & set(SPEC)
@@ -180,3 +180,28 @@ def test_engine_values_are_checked_by_the_engine_alone(make_node):
     assert make_node(dtype='bf16').params['dtype'] == 'bf16'
     with pytest.raises(parameters.ParameterError, match="'kv_block_size' = -3: block_size"):
         make_node(kv_block_size=-3)
+
+
+@pytest.mark.ros
+def test_an_unknown_parameter_is_said_and_ignored(make_node, capfd):
+    node = make_node(max_new_token=5)             # a typo of max_new_tokens
+    assert not node.has_parameter('max_new_token')
+    assert node.params['max_new_tokens'] == SPEC['max_new_tokens'].default
+    assert "unknown parameter 'max_new_token' ignored (typo?)" in capfd.readouterr().err
+
+
+@pytest.mark.ros
+def test_number_parameters_declare_their_ranges(make_node):
+    node = make_node()
+    for name, spec in SPEC.items():
+        descriptor = node.describe_parameter(name)
+        ranges = [*descriptor.floating_point_range, *descriptor.integer_range]
+        if spec.bounds is None:
+            assert not ranges, name
+            continue
+        high = spec.bounds.high if isinstance(spec.default, float) else min(spec.bounds.high,
+                                                                              2**63 - 1)
+        assert [(r.from_value, r.to_value) for r in ranges] == [(spec.bounds.low, high)], name
+    refused = node.set_parameters([Parameter('top_p', value=1.5)])[0]
+    assert not refused.successful and 'out of range' in refused.reason
+    assert 'one of: chat, single' in node.describe_parameter('conversation_mode').description

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The node's refusals: sender text cut short, one message per topic and kind per period."""
 
-from orin_llm_node.ros.refusals import REASON_CHARS, RefusalLimiter, clip, preview
+from orin_llm_node.refusals import REASON_CHARS, RefusalLimiter, clip, preview
 
 
 def test_clip_cuts_long_text_and_says_how_long_it_was():

@@ -7,12 +7,13 @@ BT.601 YUV, Bayer mosaics) -- never by the OpenCV call the converter itself uses
 red/blue or a wrong Bayer pattern fails.
 """
 
+from _image_samples import png_bomb, png_header_only
 import cv2
 import numpy as np
 import pytest
 
-from orin_llm_node.ros import ros_image
-from orin_llm_node.ros.ros_image import ImageConversionError
+from orin_llm_node.ros.cameras import ros_image
+from orin_llm_node.ros.cameras.ros_image import ImageConversionError
 
 sensor_msgs = pytest.importorskip('sensor_msgs.msg')
 
@@ -185,31 +186,6 @@ def test_unknown_encoding_names_the_supported_ones():
         ros_image.check_image(_image(b'\0' * 8, 'hsv8', width=1, height=1))
     assert "'hsv8'" in str(err.value) and 'bayer_rggb8' in str(err.value)
     assert '\n' not in str(err.value)
-
-
-def png_header_only(width, height):
-    """A PNG whose header is valid (so it passes the arrival checks) and whose pixels are gone."""
-    ok, buf = cv2.imencode('.png', np.zeros((height, width, 3), np.uint8))
-    assert ok
-    data = buf.tobytes()
-    return data[:data.index(b'IDAT') + 8]       # up to a few bytes into the pixel data
-
-
-def png_bomb(width, height):
-    """A real grey PNG of ``width`` x ``height`` built row by row (tiny when compressed)."""
-    import struct
-    import zlib
-
-    def chunk(kind, body):
-        return (struct.pack('>I', len(body)) + kind + body
-                + struct.pack('>I', zlib.crc32(kind + body) & 0xffffffff))
-
-    packer = zlib.compressobj(9)
-    row = bytes(width + 1)                       # filter byte 0 + grey pixels
-    idat = b''.join(packer.compress(row) for _ in range(height)) + packer.flush()
-    ihdr = struct.pack('>IIBBBBB', width, height, 8, 0, 0, 0, 0)
-    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', ihdr) + chunk(b'IDAT', idat)
-            + chunk(b'IEND', b''))
 
 
 def test_compressed_images_are_sized_from_their_header_before_decoding():

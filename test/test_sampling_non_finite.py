@@ -11,11 +11,10 @@ checkpoint (safetensors) whose ``lm_head`` gives one token a NaN logit at every 
 """
 
 import math
-import shutil
 
+from _poisoned_checkpoint import poisoned_checkpoint
 import numpy as np
 import pytest
-from safetensors.torch import load_file, save_file
 import torch
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
@@ -23,8 +22,6 @@ from orin_llm_node.engine.sampler import NonFiniteLogits, Sampler
 
 CPU = torch.device('cpu')
 NAN, INF = float('nan'), float('inf')
-#: The token whose lm_head row the poisoned checkpoint sets to NaN.
-POISONED_ID = 100
 
 
 def sampler(**kw):
@@ -105,15 +102,6 @@ def test_a_seed_reproduces_the_draws_and_greedy_is_the_argmax():
     assert draws != [sampler(temperature=0.9, seed=22)(r) for r in rows]
     greedy = sampler()
     assert [greedy(r) for r in rows] == [int(torch.argmax(r)) for r in rows]
-
-
-def poisoned_checkpoint(make_ckpt, dst):
-    """A real checkpoint whose lm_head row ``POISONED_ID`` is NaN (untied: prompts embed fine)."""
-    shutil.copytree(make_ckpt('untied', tie_word_embeddings=False), dst)
-    weights = load_file(str(dst / 'model.safetensors'))
-    weights['lm_head.weight'][POISONED_ID] = NAN
-    save_file(weights, str(dst / 'model.safetensors'), metadata={'format': 'pt'})
-    return dst
 
 
 @pytest.fixture(scope='module')

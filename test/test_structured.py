@@ -17,6 +17,7 @@ from pathlib import Path
 import re
 import sys
 
+from _structured_cases import ROBOT_SCHEMA
 import jsonschema
 import pytest
 import torch
@@ -26,16 +27,6 @@ from orin_llm_node.engine.structured import StructuredUnavailable
 from orin_llm_node.testing import shapes
 
 DEMO = Path(__file__).resolve().parents[1] / 'orin_llm_node' / 'demo_model'
-ROBOT_SCHEMA = {
-    'type': 'object',
-    'properties': {
-        'colour': {'type': 'string', 'enum': list(shapes.COLOURS)},
-        'shape': {'type': 'string', 'enum': list(shapes.SHAPES)},
-        'count': {'type': 'integer', 'minimum': 1, 'maximum': 3},
-    },
-    'required': ['colour', 'shape', 'count'],
-    'additionalProperties': False,
-}
 NESTED_SCHEMA = {
     'type': 'object',
     'properties': {

@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+from _structured_cases import DEAD_AFTER_KEY, FORCED_VISION, SELF_REF, TOO_BIG
 import pytest
 import torch
 
@@ -26,14 +27,6 @@ from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
 from orin_llm_node.engine.structured import parse_answer
 
 DEMO = Path(__file__).resolve().parents[1] / 'orin_llm_node' / 'demo_model'
-SELF_REF = {'$defs': {'a': {'$ref': '#/$defs/a'}}, '$ref': '#/$defs/a'}
-# Compiles, and admits '{"a":' -- then nothing: "x" only leads back to itself.
-DEAD_AFTER_KEY = {'type': 'object', 'properties': {'a': {'$ref': '#/$defs/x'}},
-                  'required': ['a'], '$defs': {'x': {'$ref': '#/$defs/x'}}}
-# Forces the text "<|image_pad|>" after "x" without spelling it (a group around each bar).
-FORCED_VISION = r'x<(\|)image_pad(\|)>'
-# One of the library's limits, hit on the first token: a regex that expands too far.
-TOO_BIG = '(a{1000}){3000}'
 
 
 def regex(pattern):

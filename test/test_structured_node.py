@@ -23,11 +23,15 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import RELIABLE, Probe, connect, ros_env, start_node, stop  # noqa: E402
+from _structured_cases import (  # noqa: E402
+    DEAD_AFTER_KEY,
+    FORCED_VISION,
+    ROBOT_SCHEMA,
+    SELF_REF,
+    TOO_BIG,
+)
 from std_msgs.msg import String  # noqa: E402
-import test_node  # noqa: E402
-from test_node import RELIABLE, Probe, connect, start_node, stop  # noqa: E402
-from test_structured import ROBOT_SCHEMA  # noqa: E402
-from test_structured_failures import DEAD_AFTER_KEY, FORCED_VISION, SELF_REF, TOO_BIG  # noqa: E402
 
 from orin_llm_node.testing import shapes  # noqa: E402
 
@@ -297,8 +301,8 @@ def test_numbers_beyond_a_float_are_null_and_response_info_stays_strict(numbers_
 
 
 def chat(*args):
-    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client', '-n', NS, '--timeout', '120']
-    return subprocess.run(cmd + list(args), env=test_node.ros_env(), capture_output=True,
+    cmd = [sys.executable, '-m', 'orin_llm_node.cli.chat', '-n', NS, '--timeout', '120']
+    return subprocess.run(cmd + list(args), env=ros_env(), capture_output=True,
                           text=True, timeout=180)
 
 
@@ -332,12 +336,10 @@ def no_lib_node(tiny_ckpt, tmp_path_factory):
     """A node process in which ``import llguidance`` fails."""
     blocker = tmp_path_factory.mktemp('no_llguidance')
     (blocker / 'llguidance.py').write_text("raise ImportError('llguidance blocked by the test')\n")
-    env = test_node.ros_env()
+    env = ros_env()
     env['PYTHONPATH'] = f"{blocker}:{env.get('PYTHONPATH', '')}"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(test_node, 'ros_env', lambda: env)
-        proc = start_node(tiny_ckpt, NO_LIB_NS, tmp_path_factory.mktemp('nolib'),
-                          'max_new_tokens:=4')
+    proc = start_node(tiny_ckpt, NO_LIB_NS, tmp_path_factory.mktemp('nolib'),
+                      'max_new_tokens:=4', env=env)
     try:
         connect(proc, NO_LIB_NS).close()
         p = EnvelopeProbe(NO_LIB_NS)

@@ -21,15 +21,15 @@ import traceback
 
 from rcl_interfaces.msg import SetParametersResult
 
-from orin_llm_node.ros.refusals import REASON_CHARS, clip
+from orin_llm_node.refusals import REASON_CHARS, clip
 
 
 def guarded(node, where, callback, failed=lambda exc, *args: None):
     """``callback`` for ``node``, reporting an exception instead of raising it.
 
     ``where``: the callback's name in the report (topic, service, ``timer``); ``failed(exc,
-    *args)``: the callback's return value after an exception.  ``node`` provides ``info``
-    (GenerationInfo), ``refusals`` (RefusalLimiter), ``publish_error`` and ``get_logger``.
+    *args)``: the callback's return value after an exception.  ``node`` provides ``replies``
+    (node_replies.NodeReplies: its counters, rate limit and ``error``) and ``get_logger``.
     The wrapper keeps ``callback``'s signature: rclpy inspects it (a subscription callback
     that takes two arguments also gets the message info).
     """
@@ -44,15 +44,15 @@ def guarded(node, where, callback, failed=lambda exc, *args: None):
 
 
 def _report(node, where, exc):
-    node.info.add(callback_faults=1)
+    node.replies.count(callback_faults=1)
     kind = type(exc).__name__
-    said, held_back = node.refusals.admit(f'callback {where}', kind, time.monotonic())
+    said, held_back = node.replies.refusals.admit(f'callback {where}', kind, time.monotonic())
     if not said:
-        node.info.add(unsaid_errors=1)
+        node.replies.count(unsaid_errors=1)
         return
     more = f' ({held_back} more like it not repeated)' if held_back else ''
     node.get_logger().error(f'{where} callback failed:\n{traceback.format_exc()}')
-    node.publish_error(f'internal error in the {where} callback, the node serves on: {kind}: '
+    node.replies.error(f'internal error in the {where} callback, the node serves on: {kind}: '
                        f'{clip(exc, REASON_CHARS)}{more}')
 
 

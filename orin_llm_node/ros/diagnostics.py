@@ -51,8 +51,8 @@ _WINDOWED = {
 
 
 @dataclass(frozen=True)
-class GenerationSnapshot:
-    """What the node knows about generation at one moment (see :class:`GenerationInfo`)."""
+class FactsSnapshot:
+    """What the node knows about generation at one moment (see :class:`NodeFacts`)."""
 
     state: str = 'loading'          # unconfigured | loading | inactive | ready | failed |
     #                                 finalized (the node's lifecycle)
@@ -82,8 +82,8 @@ class GenerationSnapshot:
     video_buffer_limit_bytes: int = 0   # the most they can hold at the current frame sizes
 
 
-class GenerationInfo:
-    """The node's generation facts, written by the executor and the worker thread alike.
+class NodeFacts:
+    """The node's generation facts, written by the executor and the session thread alike.
 
     Every write goes through :meth:`update` / :meth:`add` and every read through
     :meth:`snapshot`, all under one lock, so no update is ever lost (``errors`` counted from
@@ -94,10 +94,10 @@ class GenerationInfo:
 
     def __init__(self, **values):
         self._lock = threading.Lock()
-        self._state = GenerationSnapshot(**values)
+        self._state = FactsSnapshot(**values)
 
     def update(self, **values):
-        """Set fields (names as in :class:`GenerationSnapshot`)."""
+        """Set fields (names as in :class:`FactsSnapshot`)."""
         with self._lock:
             self._state = replace(self._state, **values)
 
@@ -108,7 +108,7 @@ class GenerationInfo:
                 name: getattr(self._state, name) + n for name, n in counts.items()})
 
     def snapshot(self):
-        """The current facts, as one consistent frozen :class:`GenerationSnapshot`."""
+        """The current facts, as one consistent frozen :class:`FactsSnapshot`."""
         with self._lock:
             return self._state
 
@@ -174,29 +174,29 @@ def pool_status(stats, recent, warn_fraction, name='orin_llm: kv_block_pool', ha
                    hardware_id, values)
 
 
-def generation_status(info, recent, name='orin_llm: generation', hardware_id=''):
-    """Build the ``generation`` status from a :class:`GenerationInfo` (or a snapshot of one)."""
-    if isinstance(info, GenerationInfo):
-        info = info.snapshot()
-    values = [(k, getattr(info, k)) for k in GENERATION_KEYS]
-    values.append(('dropped_prompts', info.dropped_prompts))
-    values.append(('rejected_images', info.rejected_images))
-    values.append(('unsaid_errors', info.unsaid_errors))
-    values.append(('callback_faults', info.callback_faults))
-    values.append(('camera', 'blind' if info.camera else 'ok'))
-    values.append(('state', info.state))
-    if info.state == 'failed':
-        return _status(ERROR, name, f'engine failed: {info.detail}', hardware_id, values)
-    if info.state == 'loading':
-        return _status(OK, name, info.detail or 'loading model', hardware_id, values)
-    if info.state in ('unconfigured', 'inactive', 'finalized'):   # managed: not answering
-        level = WARN if info.detail else OK
-        return _status(level, name, f'{info.state}' + (f': {info.detail}' if info.detail
+def generation_status(facts, recent, name='orin_llm: generation', hardware_id=''):
+    """Build the ``generation`` status from a :class:`NodeFacts` (or a snapshot of one)."""
+    if isinstance(facts, NodeFacts):
+        facts = facts.snapshot()
+    values = [(k, getattr(facts, k)) for k in GENERATION_KEYS]
+    values.append(('dropped_prompts', facts.dropped_prompts))
+    values.append(('rejected_images', facts.rejected_images))
+    values.append(('unsaid_errors', facts.unsaid_errors))
+    values.append(('callback_faults', facts.callback_faults))
+    values.append(('camera', 'blind' if facts.camera else 'ok'))
+    values.append(('state', facts.state))
+    if facts.state == 'failed':
+        return _status(ERROR, name, f'engine failed: {facts.detail}', hardware_id, values)
+    if facts.state == 'loading':
+        return _status(OK, name, facts.detail or 'loading model', hardware_id, values)
+    if facts.state in ('unconfigured', 'inactive', 'finalized'):   # managed: not answering
+        level = WARN if facts.detail else OK
+        return _status(level, name, f'{facts.state}' + (f': {facts.detail}' if facts.detail
                                                         else ''), hardware_id, values)
-    problems = [info.camera] if info.camera else []
-    if info.backend_fallback_reason:
+    problems = [facts.camera] if facts.camera else []
+    if facts.backend_fallback_reason:
         problems.append(f'CUDA kernels unavailable, attention on torch: '
-                        f'{info.backend_fallback_reason}')
+                        f'{facts.backend_fallback_reason}')
     if recent.get('errors', 0):
         problems.append(f"{recent['errors']} request error(s)")
     if recent.get('dropped_prompts', 0):
@@ -205,8 +205,8 @@ def generation_status(info, recent, name='orin_llm: generation', hardware_id='')
         problems.append(f"{recent['callback_faults']} callback fault(s) (traceback in the log)")
     if problems:
         return _status(WARN, name, '; '.join(problems), hardware_id, values)
-    if info.last_finish_reason:
-        return _status(OK, name, f'last answer: {info.last_finish_reason}', hardware_id, values)
+    if facts.last_finish_reason:
+        return _status(OK, name, f'last answer: {facts.last_finish_reason}', hardware_id, values)
     return _status(OK, name, 'ready', hardware_id, values)
 
 
@@ -258,30 +258,30 @@ class DiagnosticsMonitor:
             recent[key] = sum(n for _, n in events)
         return recent
 
-    def statuses(self, now, pool_stats, info):
+    def statuses(self, now, pool_stats, facts):
         """Both statuses for time ``now`` (seconds, any monotonic clock); updates the windows."""
-        info = info.snapshot() if isinstance(info, GenerationInfo) else info
+        facts = facts.snapshot() if isinstance(facts, NodeFacts) else facts
         counters = {}
         if pool_stats is not None:
             counters = {k: getattr(pool_stats, k, None) for k in _WINDOWED}
-        counters['errors'] = info.errors
-        counters['dropped_prompts'] = info.dropped_prompts
-        counters['callback_faults'] = info.callback_faults
+        counters['errors'] = facts.errors
+        counters['dropped_prompts'] = facts.dropped_prompts
+        counters['callback_faults'] = facts.callback_faults
         recent = self._recent(now, counters)
         out = []
         if pool_stats is not None:
             out.append(pool_status(pool_stats, recent, self.warn_fraction,
                                    f'{self.node_name}: kv_block_pool', self.hardware_id))
-        out.append(generation_status(info, recent, f'{self.node_name}: generation',
+        out.append(generation_status(facts, recent, f'{self.node_name}: generation',
                                      self.hardware_id))
         power = self.power_reader() if self.power_reader is not None else None
         if power is not None and power.is_jetson:
             out.append(platform_status(power, f'{self.node_name}: platform', self.hardware_id))
         return out
 
-    def update(self, now, pool_stats, info, force=False):
+    def update(self, now, pool_stats, facts, force=False):
         """Return the statuses to publish now (periodic, level change or ``force``), else None."""
-        statuses = self.statuses(now, pool_stats, info)
+        statuses = self.statuses(now, pool_stats, facts)
         levels = tuple((s.name, level_of(s)) for s in statuses)
         due = self._next_periodic is None or now >= self._next_periodic
         if not (due or force or levels != self._levels):

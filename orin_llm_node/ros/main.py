@@ -10,6 +10,8 @@ without it the node configures and activates itself.  Exit status: 0 after a sig
 or the node cannot activate (one FATAL line), 2 for an invalid parameter (one line naming it;
 camera names that are the node's own topics or services included).  After a signal the
 process is gone within about a second in every state (bench/signal_exit.py measures it).
+The node is spun by a multi-threaded executor (its callback groups: node.py), so its lifecycle
+and parameter services, timers and prompts are served while ``configure`` loads a model.
 """
 
 import logging
@@ -17,6 +19,10 @@ import os
 import signal
 import sys
 import threading
+
+# One thread per callback group of the node (lifecycle, parameters, prompts, cameras,
+# diagnostics) and one spare: a configure that loads for a minute holds one of them.
+EXECUTOR_THREADS = 6
 
 
 def main(args=None):
@@ -53,12 +59,12 @@ def _run(args):
 
     import rclpy
     from rclpy.exceptions import ParameterException
-    from rclpy.executors import ExternalShutdownException
+    from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
     from rclpy.signals import SignalHandlerOptions
     from rclpy.utilities import remove_ros_args
 
+    from orin_llm_node.parameters import ParameterError
     from orin_llm_node.ros.node import NODE_NAME, OrinLLMNode
-    from orin_llm_node.ros.parameters import ParameterError
 
     argv = sys.argv if args is None else ['orin_llm_node', *args]
     try:
@@ -67,7 +73,7 @@ def _run(args):
     except RuntimeError as exc:     # rcl refuses the ROS arguments: one line, as a parameter
         rclpy.logging.get_logger(NODE_NAME).fatal(f'invalid ROS arguments: {exc}')
         return 2
-    node = None
+    node = executor = None
     code = 0
     try:
         node = OrinLLMNode(managed=managed, stop_requested=stop, command_line=argv)
@@ -75,10 +81,12 @@ def _run(args):
         if profile:
             node.get_logger().info(f'Fast DDS profile {profile} applied (camera frames over '
                                    'UDP; set FASTDDS_DEFAULT_PROFILES_FILE to use your own)')
+        executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
+        executor.add_node(node)
         node.start()
         starting.clear()
         while not stop.is_set() and not node.finished.is_set() and rclpy.ok():
-            rclpy.spin_once(node, timeout_sec=0.1)
+            executor.spin_once(timeout_sec=0.1)
     except (ParameterError, ParameterException) as exc:    # rclpy's: e.g. use_sim_time:=abc
         rclpy.logging.get_logger(NODE_NAME).fatal(str(exc))
         code = 2
@@ -92,7 +100,7 @@ def _run(args):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
         code = code or (node.exit_code if node is not None else 0)
-        # Teardown is bounded: a worker stuck in one long call (e.g. still loading weights) or
+        # Teardown is bounded: a session stuck in one long call (e.g. still loading weights) or
         # a middleware teardown that blocks must not keep the process alive after a signal.
         watchdog = threading.Timer(15.0, _hard_exit, args=(code,))
         watchdog.daemon = True
@@ -101,10 +109,13 @@ def _run(args):
             # Loading and warm-up stop at their next shard, tensor or warm-up step once `stop`
             # is set; one step that still runs long (an import, a huge tensor) must not hold the
             # process: nothing is being answered yet, so it ends at once after a second.
-            loading = node.info.snapshot().state == 'loading'
+            loading = node.state() == 'loading'
             if not node.stop(timeout_s=1.0 if loading else 10.0):
                 _hard_exit(code)
             code = code or node.exit_code
+            if executor is not None:
+                # Transitions still in a callback end within a poll of the session (0.1 s).
+                executor.shutdown(timeout_sec=1.0)
             node.destroy_node()
         rclpy.try_shutdown()
         watchdog.cancel()

@@ -1,24 +1,11 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""From the node's parameters to a warmed-up engine, and back to free memory (worker thread)."""
+"""From the node's parameters to a warmed-up engine, and back to free memory (session thread)."""
 
-from pathlib import Path
 import sys
 import time
 
-from orin_llm_node import package_files
-from orin_llm_node.ros.parameters import engine_config
-
-
-def resolve_model_path(model_path):
-    """The checkpoint directory: ``model_path``, or the embedded demo checkpoint when empty."""
-    if model_path:
-        return Path(model_path).expanduser()
-    demo = package_files.DEMO_MODEL_DIR
-    if (demo / 'config.json').is_file():
-        return demo
-    raise ValueError(f'model_path is empty and the demo checkpoint is not installed '
-                     f'({demo}): set model_path to a Qwen3-VL checkpoint directory')
+from orin_llm_node.parameters import engine_config
 
 
 def load_engine(params, log, should_stop=None):
@@ -27,41 +14,21 @@ def load_engine(params, log, should_stop=None):
     ``should_stop`` (a callable) is asked between shards, tensors and warm-up steps; when it
     answers True, ``LoadInterrupted`` is raised and the partly built engine is dropped.
     """
-    path = resolve_model_path(params['model_path'])
-    log.info(f"loading {path} (device={params['device']}, dtype={params['dtype']})...")
+    config = engine_config(params)
+    log.info(f"loading {config.model_path} (device={params['device']}, "
+             f"dtype={params['dtype']})...")
     from orin_llm_node.engine import LLMEngine
     t0 = time.monotonic()
-    engine = LLMEngine(engine_config(params, path), should_stop=should_stop)
+    engine = LLMEngine(config, should_stop=should_stop)
     stats = engine.stats()
     mb = stats.total_blocks * stats.bytes_per_block / 2 ** 20
     log.info(f'loaded in {time.monotonic() - t0:.1f} s on {engine.device} '
              f'({engine.weight_format} weights, {engine.weight_bytes / 2 ** 20:.1f} MB); '
              f'KV pool: {stats.total_blocks} blocks x {stats.block_size} tokens ({mb:.1f} MB)')
     t0 = time.monotonic()
-    warm_up(engine, should_stop)
+    engine.warmup(should_stop=should_stop)
     log.info(f'warm-up done in {time.monotonic() - t0:.1f} s')
     return engine
-
-
-def warm_up(engine, should_stop=None):
-    """Run every code path once (vision tower, prefill, decode, graph capture where enabled).
-
-    First ``LLMEngine.warmup``: the vision tower's per-grid inputs for common camera frame
-    sizes (resized within ``image_max_pixels``) and the bucketed prefill graphs (CUDA), so that
-    neither a new frame size nor the first follow-up question pays for them. Then one turn
-    with no system prompt and a throw-away image, so it leaves nothing in the prefix cache
-    that a real prompt could hit.  ``should_stop`` as in :func:`load_engine`.
-    """
-    import numpy as np
-
-    from orin_llm_node.engine import SamplingParams
-    from orin_llm_node.models.loader import check_stop
-    engine.warmup(should_stop=should_stop)
-    check_stop(should_stop, 'warming up')
-    conv = engine.new_conversation(system_prompt=None)
-    grey = np.full((64, 64, 3), 127, np.uint8)
-    engine.chat(conv, 'Hi', images=[grey], sampling=SamplingParams(max_tokens=2))
-    engine.reset(conv)
 
 
 def release_memory():

@@ -3,61 +3,85 @@
 """The parameter table (parameters.py) on the rclpy node: declaration and run-time updates.
 
 :func:`declare` declares every parameter with its type, description and constraints and checks
-the values once (a bad one is a :class:`~orin_llm_node.ros.parameters.ParameterError`, one line
+the values once (a bad one is a :class:`~orin_llm_node.parameters.ParameterError`, one line
 naming it: main() exits 2); :func:`on_set` is the node's set-parameters callback.
 """
 
-from rcl_interfaces.msg import ParameterDescriptor, ParameterType, SetParametersResult
+from contextlib import contextmanager
+
+from rcl_interfaces.msg import (
+    FloatingPointRange,
+    IntegerRange,
+    ParameterDescriptor,
+    ParameterType,
+    SetParametersResult,
+)
 import rclpy
 from rclpy.exceptions import InvalidParameterTypeException, ParameterException
 
-from orin_llm_node.ros.parameters import (
+from orin_llm_node.parameters import (
+    INT_MAX,
     PARAMETERS,
     PARAMS_BY_NAME,
     RUNTIME_PARAMETERS,
     ParameterError,
     camera_topics,
-    check_loaded,
     check_parameters,
     wrong_type,
 )
-from orin_llm_node.ros.refusals import clip
+from orin_llm_node.refusals import clip
 
 _ROS_TYPES = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
               float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING,
               list: ParameterType.PARAMETER_STRING_ARRAY}
 
 
-def declare(node, command_line=()):
+def declare(node, command_line=(), node_args=None):
     """Declare every parameter on ``node``, check the values once; returns name -> value.
 
-    ``command_line``: the process's arguments. Each ``-p name:=value`` among its ROS arguments
-    is first declared on a short-lived twin of ``node`` (same name and namespace) that has no
-    other arguments: beside a ``--params-file`` that sets the same parameter, rcl keeps both
-    values and rclpy takes the file's when its type comes first, so a wrongly typed override
-    would otherwise be ignored without a word.
+    The values given from outside (params files, ``-p``, ``node_args``: the keyword arguments
+    ``node`` was built with) are read on a short-lived twin of ``node`` that declares them as
+    they come, and checked with the table before anything is declared: a bad value is one line
+    in the table's words (rclpy's own range check would say less).  ``command_line``: the
+    process's arguments; each ``-p name:=value`` among its ROS arguments is also declared on a
+    twin that has no other arguments: beside a ``--params-file`` that sets the same
+    parameter, rcl keeps both values and rclpy takes the file's when its type comes first, so
+    a wrongly typed override would otherwise be ignored without a word.
     """
     rules = _param_rules(command_line)
     if rules:
         # name -> value text (a rule may name a node first: "orin_llm:name:=value").
-        given = {rule.partition(':=')[0].rpartition(':')[2]: rule.partition(':=')[2]
+        texts = {rule.partition(':=')[0].rpartition(':')[2]: rule.partition(':=')[2]
                  for rule in rules}
-        twin = rclpy.create_node(
-            node.get_name(), namespace=node.get_namespace(), context=node.context,
-            cli_args=['--ros-args', *(a for rule in rules for a in ('-p', rule))],
-            use_global_arguments=False, start_parameter_services=False, enable_rosout=False)
-        try:
-            _declare(twin, [p for p in PARAMETERS if p.name in given], given.get)
-        finally:
-            twin.destroy_node()
-    overrides = getattr(node, '_parameter_overrides', {})
-    values = _declare(node, PARAMETERS,
-                      lambda name: overrides[name].value if name in overrides else None)
-    check_parameters(values)
-    for name in sorted(set(overrides) - set(PARAMS_BY_NAME)):
+        with _twin(node, cli_args=['--ros-args', *(a for rule in rules for a in ('-p', rule))],
+                   use_global_arguments=False) as twin:
+            _declare(twin, [p for p in PARAMETERS if p.name in texts], texts.get, ranges=False)
+    node_args = node_args or {}
+    with _twin(node, automatically_declare_parameters_from_overrides=True,
+               **{k: node_args[k] for k in _TWIN_ARGS if k in node_args}) as twin:
+        given = {name: p.value for name, p in twin.get_parameters_by_prefix('').items()}
+    check_parameters({p.name: given.get(p.name, p.default) for p in PARAMETERS})
+    values = _declare(node, PARAMETERS, given.get)
+    for name in sorted(set(given) - set(PARAMS_BY_NAME)):
         if not node.has_parameter(name):
             node.get_logger().warning(f"unknown parameter '{name}' ignored (typo?)")
     return values
+
+
+# The node's own arguments a twin needs to see the overrides the node sees.
+_TWIN_ARGS = ('cli_args', 'parameter_overrides', 'use_global_arguments')
+
+
+@contextmanager
+def _twin(node, **kwargs):
+    # A short-lived node with node's name, namespace and context (no services, no log).
+    twin = rclpy.create_node(node.get_name(), namespace=node.get_namespace(),
+                             context=node.context, start_parameter_services=False,
+                             enable_rosout=False, **kwargs)
+    try:
+        yield twin
+    finally:
+        twin.destroy_node()
 
 
 def _param_rules(argv):
@@ -75,15 +99,35 @@ def _param_rules(argv):
     return rules
 
 
-def _declare(node, specs, given):
+def descriptor(spec, ranges=True):
+    """The ParameterDescriptor of table row ``spec``.
+
+    Its type, description (with its choices), constraints, read-only unless run-time, and its
+    bounds as rclpy's range (``ranges``), which ``ros2 param describe`` shows and rclpy
+    enforces on every set.
+    """
+    description = spec.description + (
+        f" (one of: {', '.join(spec.choices)})" if spec.choices else '')
+    d = ParameterDescriptor(
+        name=spec.name, type=_ROS_TYPES[type(spec.default)], description=description,
+        additional_constraints=spec.constraints, read_only=not spec.runtime)
+    if ranges and spec.bounds is not None:
+        if isinstance(spec.default, int):
+            d.integer_range = [IntegerRange(from_value=spec.bounds.low,
+                                            to_value=min(spec.bounds.high, INT_MAX), step=0)]
+        else:
+            d.floating_point_range = [FloatingPointRange(
+                from_value=float(spec.bounds.low), to_value=float(spec.bounds.high), step=0.0)]
+    return d
+
+
+def _declare(node, specs, given, ranges=True):
     # Declare ``specs`` on ``node``; ``given(name)``: the value given for it (for the reason).
     values = {}
     for spec in specs:
-        descriptor = ParameterDescriptor(
-            name=spec.name, type=_ROS_TYPES[type(spec.default)], description=spec.description,
-            additional_constraints=spec.constraints, read_only=not spec.runtime)
         try:
-            values[spec.name] = node.declare_parameter(spec.name, spec.default, descriptor).value
+            values[spec.name] = node.declare_parameter(spec.name, spec.default,
+                                                       descriptor(spec, ranges)).value
         except InvalidParameterTypeException:
             raise ParameterError(wrong_type(spec.name, given(spec.name))) from None
         except (ParameterException, TypeError, ValueError) as exc:
@@ -104,9 +148,7 @@ def on_set(node, params):
         values[param.name] = param.value
     try:
         check_parameters(values)
-        engine = node.worker.engine
-        if engine is not None:
-            check_loaded(engine, values, [p.name for p in params])
+        node.session.check_loaded(values, [p.name for p in params])
     except ParameterError as exc:
         return SetParametersResult(successful=False, reason=str(exc))
     for param in params:

@@ -6,7 +6,7 @@
 "conversation": "new" | "continue", "tag": "client-chosen id", "video_s": 4}``: only
 ``prompt`` is required.
 :data:`KEYS` is the one table of what an envelope may hold (a new key is one row there, plus
-what the worker does with it); :func:`parse_envelope` checks a message against it and raises
+what the session does with it); :func:`parse_envelope` checks a message against it and raises
 :class:`EnvelopeError` with the reason (and the ``tag``, when one could be read, so that the
 refusal can be matched by the client) for anything the answer could not be run with: text that
 is too long or nested too deep, unknown keys, bad values, sampling values the engine refuses
@@ -19,7 +19,7 @@ import math
 from orin_llm_node import bounded_json
 from orin_llm_node.engine.config import SamplingParams
 from orin_llm_node.engine.structured import check_grammar, check_response_format
-from orin_llm_node.ros.parameters import MAX_PROMPT_CHARS
+from orin_llm_node.parameters import MAX_PROMPT_CHARS, PARAMS_BY_NAME
 
 
 class EnvelopeError(ValueError):
@@ -85,30 +85,39 @@ def _response_format(v):
 class Key:
     """One envelope key: its check (``value -> reason or None``) and what it means.
 
-    ``sampling``: the ``SamplingParams`` field it overrides for its own answer, if any (the
-    engine's checks of that field apply to it as well).
+    ``overrides``: the run-time parameter it overrides for its own answer, if any; a
+    sampling parameter's ``SamplingParams`` field is the table's (its ``engine`` column), and
+    the engine's checks of that field apply to it as well.  The envelope gives the engine's
+    value itself (``response_format``: a JSON object, not the parameter's JSON text).
     """
 
     check: object
     description: str
     required: bool = False
-    sampling: str = ''
+    overrides: str = ''
+
+    @property
+    def sampling(self):
+        """The ``SamplingParams`` field this key sets ('' for none)."""
+        engine = PARAMS_BY_NAME[self.overrides].engine if self.overrides else None
+        return engine.name if engine is not None and engine.to == 'sampling' else ''
 
 
 KEYS = {
     'prompt': Key(_prompt, 'the question (text)', required=True),
     'response_format': Key(_response_format, 'json_object / json_schema / regex constraint; '
                            'overrides the response_format parameter',
-                           sampling='response_format'),
+                           overrides='response_format'),
     'max_new_tokens': Key(_positive_int, 'most tokens generated (overrides max_new_tokens)',
-                          sampling='max_tokens'),
+                          overrides='max_new_tokens'),
     'temperature': Key(_non_negative, 'sampling temperature (overrides temperature)',
-                       sampling='temperature'),
+                       overrides='temperature'),
     'conversation': Key(_choice('new', 'continue'), "'new' forgets the history first; "
                         "'continue' (default) answers in the current conversation"),
     'tag': Key(_text, 'client-chosen id, echoed in response/info'),
     'video_s': Key(_non_negative, "a clip of each camera's last this many seconds instead of "
-                   'one frame (0: one frame; overrides video_window_s; at most video_buffer_s)'),
+                   'one frame (0: one frame; at most video_buffer_s)',
+                   overrides='video_window_s'),
 }
 
 

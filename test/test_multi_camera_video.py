@@ -22,13 +22,22 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import (  # noqa: E402
+    RELIABLE,
+    START_TIMEOUT,
+    SYSTEM,
+    Probe,
+    memory_mb,
+    ros_env,
+    start_node,
+    stop,
+)
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
-from test_node import RELIABLE, START_TIMEOUT, SYSTEM, Probe, memory_mb, ros_env, start_node, stop  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from orin_llm_node.ros.blind_camera import BLIND_AFTER_S  # noqa: E402
-from orin_llm_node.ros.frame_ring import FrameSizer, resize_for_model  # noqa: E402
+from orin_llm_node.ros.cameras.blind_camera import BLIND_AFTER_S  # noqa: E402
+from orin_llm_node.ros.cameras.frame_ring import FrameSizer, resize_for_model  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -283,7 +292,9 @@ def test_a_clip_longer_than_the_context_is_refused(cams):
     probe = cams.probe
     assert all(r.successful for r in probe.set_params(video_window_s=BUFFER_S))
     try:
-        cams.stream(1.0, 10.0, frames={name: scene(40 + i, 480, 640)
+        # A full window of frames of its own: what earlier tests left in the rings may be
+        # older than the window by now (the test must not depend on their order or speed).
+        cams.stream(BUFFER_S + 1.0, 10.0, frames={name: scene(40 + i, 480, 640)
                                        for i, name in enumerate(CAMERAS)})
         info = probe.ask_info('Describe the last seconds.')
     finally:
@@ -381,7 +392,7 @@ def test_a_clip_with_zero_frames_is_refused(cams):
 def test_chat_client_video_frames_are_found_and_stamped(tmp_path):
     from sensor_msgs.msg import CompressedImage
 
-    from orin_llm_node.ros.chat_video import stamp_clip, video_files, video_verdict
+    from orin_llm_node.cli.chat_video import stamp_clip, video_files, video_verdict
     for name in ('b.png', 'a.jpg', 'notes.txt', 'c.bmp'):
         path = tmp_path / name
         if name.endswith('.txt'):
@@ -406,7 +417,7 @@ def test_chat_client_video_frames_are_found_and_stamped(tmp_path):
 
 
 def test_chat_client_plans_a_clip_with_the_nodes_video_settings():
-    from orin_llm_node.ros.chat_video import clip_refusal, clip_seconds, clip_start_ns
+    from orin_llm_node.cli.chat_video import clip_refusal, clip_seconds, clip_start_ns
     settings = {'video_fps': VIDEO_FPS, 'video_buffer_s': BUFFER_S}
     for fps in (1.0, 2.0, 7.5, 30.0):
         # The most frames whose video_s the node takes (it refuses video_s > video_buffer_s).
@@ -423,7 +434,7 @@ def test_chat_client_plans_a_clip_with_the_nodes_video_settings():
 
 
 def chat_video(frames_dir, fps):
-    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client', '-n', NS, '--timeout', '120',
+    cmd = [sys.executable, '-m', 'orin_llm_node.cli.chat', '-n', NS, '--timeout', '120',
            '--video', str(frames_dir), '--fps', f'{fps:g}', '--image-topic',
            f'{NS}/front/compressed', 'What moved?']
     return subprocess.run(cmd, env=ros_env(), capture_output=True, text=True, timeout=240)
@@ -468,7 +479,7 @@ def test_chat_client_sends_a_clip_and_asks_for_its_seconds(cams, tmp_path):
     frames.mkdir()
     for i in range(4):
         assert cv2.imwrite(str(frames / f'{i:03d}.png'), scene(50 + i))
-    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client', '-n', NS, '--timeout', '120',
+    cmd = [sys.executable, '-m', 'orin_llm_node.cli.chat', '-n', NS, '--timeout', '120',
            '--video', str(frames), '--fps', '2', '--image-topic', f'{NS}/front/compressed',
            'What moved?']
     out = subprocess.run(cmd, env=ros_env(), capture_output=True, text=True, timeout=240)

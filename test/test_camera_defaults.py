@@ -22,13 +22,14 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
+from _ros_harness import EVENT_TIMEOUT, connect, defaults_env, node_command, stop  # noqa: E402
 from rclpy.qos import QoSProfile, qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
-from test_node import EVENT_TIMEOUT, connect, node_command, ros_env, stop  # noqa: E402
 
-from orin_llm_node.ros.blind_camera import BLIND_AFTER_S  # noqa: E402
-from orin_llm_node.ros.chat_client import _image_verdict, image_message  # noqa: E402
+from orin_llm_node.cli.chat import _image_verdict  # noqa: E402
+from orin_llm_node.cli.chat_client import image_message  # noqa: E402
+from orin_llm_node.ros.cameras.blind_camera import BLIND_AFTER_S  # noqa: E402
 from orin_llm_node.ros.dds_profile import PROFILE_VARIABLES  # noqa: E402
 from orin_llm_node.testing.shapes import simple_scene  # noqa: E402
 
@@ -37,14 +38,6 @@ pytestmark = pytest.mark.ros
 NS = '/camera_test'
 REMAPPED_NS = '/camera_test_remapped'
 QUESTION = 'What colour is the shape?'
-
-
-def defaults_env():
-    """The test's ROS isolation, and no Fast DDS profile: every process at its defaults."""
-    env = ros_env()
-    for var in PROFILE_VARIABLES:
-        env.pop(var, None)
-    return env
 
 
 def start(ns, log_path, *ros_args):
@@ -139,7 +132,7 @@ def test_camera_frames_at_publisher_defaults_are_seen(probe, width, height, qos_
 
 
 def chat(ns, *args, timeout=180):
-    cmd = [sys.executable, '-m', 'orin_llm_node.ros.chat_client']
+    cmd = [sys.executable, '-m', 'orin_llm_node.cli.chat']
     return subprocess.run(cmd + ['-n', ns, '--timeout', '120', *args], env=defaults_env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -172,7 +165,7 @@ def test_chat_client_fails_when_the_answer_did_without_its_image(probe, tmp_path
 # loaded machine does now and then: an acknowledgement can lag the data by a heartbeat period).
 LATE_ACKS = ('import sys, time; from rclpy.publisher import Publisher; '
              'Publisher.wait_for_all_acked = lambda self, timeout=None: time.sleep(0.5) or False; '
-             'from orin_llm_node.ros.chat_client import main; sys.exit(main())')
+             'from orin_llm_node.cli.chat import main; sys.exit(main())')
 
 
 def test_chat_client_judges_the_image_by_the_answer_not_by_the_acknowledgement(probe,

@@ -37,7 +37,7 @@ class RefusalLimiter:
     """At most one message per ``(topic, kind)`` per ``period_s``; the rest are counted.
 
     :meth:`admit` answers whether a refusal may be said now and how many of its kind were held
-    back since it was last said.  Thread-safe (the executor and the worker both refuse).
+    back since it was last said.  Thread-safe (the executor and the session both refuse).
     """
 
     def __init__(self, period_s=1.0, max_keys=64):

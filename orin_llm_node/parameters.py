@@ -15,7 +15,7 @@ from pathlib import Path
 import re
 
 from orin_llm_node import bounded_json
-from orin_llm_node.ros.refusals import REASON_CHARS, clip
+from orin_llm_node.refusals import REASON_CHARS, clip
 
 # Longest prompt, prompt/json message and response_format value taken (characters).
 MAX_PROMPT_CHARS = 100_000
@@ -55,32 +55,6 @@ def _topic_names(names):
     return None
 
 
-def _choice(*options):
-    def check(v):
-        return None if v in options else f"must be one of {', '.join(options)}"
-    return check
-
-
-def _int_at_least(low, high=None):
-    def check(v):
-        if v < low or (high is not None and v > high):
-            return f'must be an integer >= {low}' + (f' and <= {high}' if high else '')
-        return None
-    return check
-
-
-def _float_in(low, high=math.inf, low_open=False, allow_inf=False):
-    def check(v):
-        if math.isnan(v) or (math.isinf(v) and not allow_inf):
-            return 'must be a finite number'
-        if (v <= low if low_open else v < low) or v > high:
-            lo = '(' if low_open else '['
-            hi = 'inf)' if high == math.inf else f'{high}]'
-            return f'must be in {lo}{low}, {hi}'
-        return None
-    return check
-
-
 def _response_format_text(v):
     # The library compiles the grammar without a vocabulary here (no checkpoint is loaded at
     # start-up or in orin_llm_check); the loaded engine's own compile: check_loaded.
@@ -107,13 +81,83 @@ def response_format(text):
     return bounded_json.loads(text) if text else None
 
 
+# The largest integer a ROS parameter holds (int64): the open end of an integer range.
+INT_MAX = 2**63 - 1
+# The largest normal float32, MAX_TEMPERATURE of engine/config.py (a test keeps them equal):
+# this table is read without importing torch.
+FLOAT32_MAX = 3.4028234663852886e+38
+
+
+@dataclass(frozen=True)
+class Range:
+    """A number parameter's bounds, ``[low, high]``, as ``ros2 param describe`` shows them.
+
+    rclpy refuses a value outside them (FloatingPointRange / IntegerRange: both ends
+    included); ``low_open`` (``low`` itself is refused) and ``allow_inf`` (a float may be
+    infinite) are the table's own, checked with :meth:`reason`.
+    """
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    allow_inf: bool = False
+
+    def reason(self, v):
+        """Why ``v`` is out of range (one phrase), or None."""
+        if isinstance(v, int):
+            if v < self.low or v > self.high:
+                return f'must be an integer >= {self.low}' + (
+                    f' and <= {self.high}' if self.high < INT_MAX else '')
+            return None
+        if math.isnan(v) or (math.isinf(v) and not self.allow_inf):
+            return 'must be a finite number'
+        if (v <= self.low if self.low_open else v < self.low) or v > self.high:
+            lo = '(' if self.low_open else '['
+            hi = 'inf)' if self.high == math.inf else f'{self.high}]'
+            return f'must be in {lo}{self.low}, {hi}'
+        return None
+
+
+@dataclass(frozen=True)
+class EngineField:
+    """Where a parameter goes in the engine: a field of ``EngineConfig`` or ``SamplingParams``.
+
+    ``to``: ``config`` or ``sampling``; ``name``: the field; ``unset``: the parameter's value
+    that means "the engine's default" (passed as None); ``convert``: the parameter's value to
+    the engine's (``response_format``: its JSON text to a dict), else the value as it is.
+    """
+
+    to: str
+    name: str
+    unset: object = None
+    convert: object = None
+
+    def value(self, v):
+        """The engine's value for the parameter's value ``v``."""
+        if self.unset is not None and v == self.unset:
+            return None
+        return self.convert(v) if self.convert else v
+
+
+def _config(name, unset=None):
+    return EngineField('config', name, unset)
+
+
+def _sampling(name, unset=None, convert=None):
+    return EngineField('sampling', name, unset, convert)
+
+
 @dataclass(frozen=True)
 class Param:
-    """One node parameter: default (which fixes its type), meaning, check, run-time settable.
+    """One node parameter: its default (which fixes its type), meaning and rules.
 
-    ``check`` is for what only the node knows (its own encodings, its own settings); what the
-    engine takes is checked by the engine's EngineConfig / SamplingParams, once, in
-    :func:`check_parameters` (the table has no second copy of those rules).
+    ``check``: a rule only the node knows (its own encodings, its own settings); ``bounds``:
+    the :class:`Range` rclpy enforces and ``ros2 param describe`` shows; ``choices``: the
+    texts it takes, said in its description; ``engine``: the :class:`EngineField` it sets.
+    The table checks ``bounds`` and ``choices`` of the node's own parameters; what the engine
+    takes (``engine`` set) is checked by the engine's EngineConfig / SamplingParams, once, in
+    :func:`check_parameters`, so the table holds no second copy of those reasons.
+    ``runtime``: settable with ``ros2 param set``; ``constraints``: what it takes, in words.
     """
 
     name: str
@@ -122,86 +166,123 @@ class Param:
     check: object = None
     runtime: bool = False
     constraints: str = ''
+    bounds: Range | None = None
+    choices: tuple = ()
+    engine: EngineField | None = None
 
+    def reason(self, v):
+        """Why ``v`` (of the right type) is refused by the node's own rules, or None."""
+        if self.check is not None and (reason := self.check(v)):
+            return reason
+        if self.engine is None and self.choices and v not in self.choices:
+            return f"must be one of {', '.join(self.choices)}"
+        if self.engine is None and self.bounds is not None:
+            return self.bounds.reason(v)
+        return None
+
+
+_COUNT = Range(1, INT_MAX)
+_ZERO_UP = Range(0, INT_MAX)
+_SEEDS = Range(-1, INT_MAX)
 
 PARAMETERS = (
     Param('model_path', '', 'Qwen3-VL checkpoint directory (Hugging Face format); '
-          'empty = the embedded demo checkpoint', _model_path_ok),
-    Param('device', 'auto', 'torch device', constraints='auto | cpu | cuda | cuda:N'),
+          'empty = the embedded demo checkpoint', _model_path_ok,
+          engine=_config('model_path')),
+    Param('device', 'auto', 'torch device', constraints='auto | cpu | cuda | cuda:N',
+          choices=('auto', 'cpu', 'cuda', 'cuda:N'), engine=_config('device')),
     Param('dtype', 'auto', 'weights and KV dtype',
-          constraints='auto | float32 | bfloat16 | float16'),
+          constraints='auto | float32 | bfloat16 | float16',
+          choices=('auto', 'float32', 'bfloat16', 'float16'), engine=_config('dtype')),
     Param('quantization', 'none', 'weight-only quantization of a float checkpoint at load '
           '(none = as stored; INT4 / INT8 / FP8 checkpoints load in their own format)',
-          constraints='none | int8 | int4 | int4_asym | fp8'),
+          constraints='none | int8 | int4 | int4_asym | fp8',
+          choices=('none', 'int8', 'int4', 'int4_asym', 'fp8'), engine=_config('quantization')),
     Param('max_new_tokens', 256, 'most tokens generated per answer', runtime=True,
-          constraints='>= 1'),
+          constraints='>= 1', bounds=_COUNT, engine=_sampling('max_tokens')),
     Param('temperature', 0.0, 'sampling temperature (0 = greedy)', runtime=True,
-          constraints='0, or a finite float in [1.2e-38, 3.4e38] (normal float32)'),
+          constraints='0, or a finite float in [1.2e-38, 3.4e38] (normal float32)',
+          bounds=Range(0.0, FLOAT32_MAX), engine=_sampling('temperature')),
     Param('top_p', 1.0, 'nucleus sampling threshold (1 = off)', runtime=True,
-          constraints='(0, 1]'),
+          constraints='(0, 1]', bounds=Range(0.0, 1.0, low_open=True),
+          engine=_sampling('top_p')),
     Param('top_k', 0, 'keep the k most likely tokens (0 = off)', runtime=True,
-          constraints='>= 0'),
-    Param('seed', -1, 'sampling seed (-1 = random)', _int_at_least(-1), runtime=True,
-          constraints='>= -1'),
+          constraints='>= 0', bounds=_ZERO_UP, engine=_sampling('top_k')),
+    # The node's own rule (-1 is its "random"), then the engine's for what it passes on.
+    Param('seed', -1, 'sampling seed (-1 = random)', _SEEDS.reason, runtime=True,
+          constraints='>= -1', bounds=_SEEDS, engine=_sampling('seed', unset=-1)),
     Param('system_prompt', 'You are the vision-language assistant of a robot. Answer briefly.',
           'system prompt of every conversation (a change starts a new conversation); the '
           'loaded engine refuses one that leaves no room for a turn',
           lambda v: None if len(v) <= MAX_PROMPT_CHARS else 'is too long', runtime=True),
-    Param('kv_block_size', 16, 'tokens per KV block', constraints='>= 1'),
+    Param('kv_block_size', 16, 'tokens per KV block', constraints='>= 1', bounds=_COUNT,
+          engine=_config('block_size')),
     Param('kv_cache_memory_mb', 0.0, 'KV pool size in MB (0 = automatic)',
-          constraints='>= 0.0'),
-    Param('max_model_len', 8192, 'longest conversation in tokens', constraints='>= 1'),
-    Param('enable_cuda_graph', True, 'capture decode steps as CUDA Graphs (CUDA only)'),
+          constraints='>= 0.0', bounds=Range(0.0),
+          engine=_config('kv_cache_memory_mb', unset=0.0)),
+    Param('max_model_len', 8192, 'longest conversation in tokens', constraints='>= 1',
+          bounds=_COUNT, engine=_config('max_model_len')),
+    Param('enable_cuda_graph', True, 'capture decode steps as CUDA Graphs (CUDA only)',
+          engine=_config('enable_cuda_graph')),
     Param('attention_backend', 'auto', 'auto: the CUDA kernels on CUDA, the torch path when '
           'CuPy cannot import, compile or load them (WARN, reason in diagnostics); cuda: the '
           'kernels or a load failure; torch: never touches CuPy',
-          constraints='auto | cuda | torch'),
-    Param('enable_prefix_cache', True, 'reuse KV blocks of shared prefixes'),
+          constraints='auto | cuda | torch', choices=('auto', 'cuda', 'torch'),
+          engine=_config('attention_backend')),
+    Param('enable_prefix_cache', True, 'reuse KV blocks of shared prefixes',
+          engine=_config('enable_prefix_cache')),
     Param('image_max_pixels', 307200, 'resize images to at most this many pixels; never '
-          "above the checkpoint's own maximum (0 = checkpoint default)", constraints='>= 0'),
+          "above the checkpoint's own maximum (0 = checkpoint default)", constraints='>= 0',
+          bounds=_ZERO_UP, engine=_config('image_max_pixels', unset=0)),
     Param('image_min_pixels', 0, 'resize images to at least this many pixels '
-          '(0 = checkpoint default)', constraints='>= 0'),
+          '(0 = checkpoint default)', constraints='>= 0', bounds=_ZERO_UP,
+          engine=_config('image_min_pixels', unset=0)),
     Param('image_qos', 'auto', 'image subscriptions: auto = a best-effort one (matches every '
           'publisher) and a reliable one (reliable publishers get every frame through); '
-          'best_effort or reliable = that one only', _choice('auto', 'best_effort', 'reliable'),
-          constraints='auto | best_effort | reliable'),
+          'best_effort or reliable = that one only',
+          constraints='auto | best_effort | reliable',
+          choices=('auto', 'best_effort', 'reliable')),
     Param('image_max_age_s', 2.0, 'a prompt uses the newest image only if it is at most this old',
-          _float_in(0.0, low_open=True, allow_inf=True), constraints='> 0.0'),
+          constraints='> 0.0', bounds=Range(0.0, low_open=True, allow_inf=True)),
     Param('image_topics', ['image'], 'camera names: each gets NAME (Image) and NAME/compressed '
           'subscriptions; a prompt pairs with one frame per camera, in this order, each '
           'introduced by its name (README: "Several cameras")', _topic_names,
           constraints=f'1..{MAX_CAMERAS} distinct topic names'),
     Param('camera_sync_s', 0.1, "cameras' header stamps in one set lie within this many seconds "
-          "(message_filters' approximate-time policy)", _float_in(0.0, 10.0, low_open=True),
-          constraints='(0, 10]'),
+          "(message_filters' approximate-time policy)", constraints='(0, 10]',
+          bounds=Range(0.0, 10.0, low_open=True)),
     Param('video_fps', 2.0, 'frames per second each camera keeps for video prompts',
-          _float_in(0.0, 30.0, low_open=True), constraints='(0, 30]'),
+          constraints='(0, 30]', bounds=Range(0.0, 30.0, low_open=True)),
     Param('video_buffer_s', 8.0, 'seconds of frames each camera keeps, at video_fps and the '
-          "model's image size (0 = no video)", _float_in(0.0, 60.0), constraints='[0, 60]'),
+          "model's image size (0 = no video)", constraints='[0, 60]', bounds=Range(0.0, 60.0)),
     Param('video_max_pixels', 0, "a clip's pixels (frames x height x width) at most this many; "
           "never above the checkpoint's own maximum (0 = checkpoint default)",
-          constraints='>= 0'),
+          constraints='>= 0', bounds=_ZERO_UP, engine=_config('video_max_pixels', unset=0)),
     Param('video_window_s', 0.0, 'plain prompts get a clip of the last this many seconds of each '
           'camera instead of one frame (0 = off; the prompt/json envelope asks with video_s)',
-          _float_in(0.0, 60.0), runtime=True, constraints='[0, video_buffer_s]'),
+          runtime=True, constraints='[0, video_buffer_s]', bounds=Range(0.0, 60.0)),
     Param('queue_size', 4, 'prompts waiting to be answered (overflow drops the oldest)',
-          _int_at_least(1, 1000), constraints='1..1000'),
-    Param('diagnostics_period_s', 1.0, 'period of /diagnostics',
-          _float_in(0.0, 3600.0, low_open=True), constraints='(0, 3600]'),
+          constraints='1..1000', bounds=Range(1, 1000)),
+    Param('diagnostics_period_s', 1.0, 'period of /diagnostics', constraints='(0, 3600]',
+          bounds=Range(0.0, 3600.0, low_open=True)),
     Param('pool_warn_fraction', 0.9, 'kv_block_pool is WARN from this fraction of blocks in use',
-          _float_in(0.0, 1.0, low_open=True), constraints='(0, 1]'),
+          constraints='(0, 1]', bounds=Range(0.0, 1.0, low_open=True)),
     Param('conversation_mode', 'chat', 'chat: multi-turn history; single: every prompt alone',
-          _choice('chat', 'single'), constraints='chat | single'),
+          constraints='chat | single', choices=('chat', 'single')),
     Param('max_generation_s', 0.0, 'deadline per answer in seconds (0 = none)',
-          constraints='>= 0.0'),
+          constraints='>= 0.0', bounds=Range(0.0),
+          engine=_sampling('timeout_s', unset=0.0)),
     Param('response_format', '', 'JSON object constraining the answers to plain prompts: '
           '{"type": "json_object"}, {"type": "json_schema", "schema": {...}} or '
           '{"type": "regex", "pattern": "..."} (empty = free text); refused unless its grammar '
           'compiles', _response_format_text, runtime=True,
-          constraints=f'empty | JSON object of at most {MAX_PROMPT_CHARS} characters'),
+          constraints=f'empty | JSON object of at most {MAX_PROMPT_CHARS} characters',
+          engine=_sampling('response_format', convert=lambda v: response_format(v))),
 )
 PARAMS_BY_NAME = {p.name: p for p in PARAMETERS}
 RUNTIME_PARAMETERS = tuple(p.name for p in PARAMETERS if p.runtime)
+# Engine field -> the parameter that sets it (an engine's reason names its field).
+PARAMETER_OF_FIELD = {p.engine.name: p.name for p in PARAMETERS if p.engine}
 
 _TYPE_NAMES = {bool: 'a boolean', int: 'an integer', float: 'a double (e.g. 1.0)',
                str: 'a string', list: 'a list of strings (e.g. [front, wrist])'}
@@ -227,7 +308,7 @@ def check_parameter(name, value):
     spec = PARAMS_BY_NAME[name]
     if type(value) is not type(spec.default):
         return wrong_type(name, value)
-    reason = spec.check(value) if spec.check else None
+    reason = spec.reason(value)
     return None if reason is None else f"parameter '{name}' = {_shown(value)}: {reason}"
 
 
@@ -261,7 +342,7 @@ def check_parameters(values):
     """Check a complete name -> value mapping once; raise ParameterError naming the parameter.
 
     The node's own rules come from the table; the values the engine takes are checked by the
-    engine itself (EngineConfig and SamplingParams, built exactly as the worker builds them).
+    engine itself (EngineConfig and SamplingParams, built exactly as the session builds them).
     """
     for name in PARAMS_BY_NAME:
         reason = check_parameter(name, values[name])
@@ -272,44 +353,34 @@ def check_parameters(values):
             f"parameter 'video_window_s' = {values['video_window_s']!r}: must not exceed "
             f"video_buffer_s ({values['video_buffer_s']!r}), the seconds each camera keeps")
     try:
-        engine_config(values, values['model_path'] or 'demo_model')
+        engine_config(values)
         sampling_params(values)
     except ValueError as exc:
         field = str(exc).split()[0].split('.')[0]  # 'response_format.type' names a parameter
-        name = _ENGINE_FIELDS.get(field, field)
+        name = PARAMETER_OF_FIELD.get(field, field)
         given = f' = {values[name]!r}' if name in values else ''
         raise ParameterError(f"parameter '{name}'{given}: {exc}") from None
 
 
-# Engine field -> the parameter that sets it (where the names differ).
-_ENGINE_FIELDS = {'block_size': 'kv_block_size', 'max_tokens': 'max_new_tokens',
-                  'timeout_s': 'max_generation_s'}
+def engine_fields(values, to):
+    """The engine fields the parameter ``values`` set (the table's ``engine`` column).
+
+    ``to``: ``'config'`` (EngineConfig) or ``'sampling'`` (SamplingParams).
+    """
+    return {p.engine.name: p.engine.value(values[p.name]) for p in PARAMETERS
+            if p.engine is not None and p.engine.to == to}
 
 
-def engine_config(values, model_path):
-    """The EngineConfig the parameters ask for (0 means "the engine's default")."""
+def engine_config(values):
+    """The EngineConfig the parameters ask for (an empty ``model_path``: the demo checkpoint)."""
     from orin_llm_node.engine import EngineConfig
-    return EngineConfig(
-        model_path=str(model_path), device=values['device'], dtype=values['dtype'],
-        quantization=values['quantization'], block_size=values['kv_block_size'],
-        kv_cache_memory_mb=values['kv_cache_memory_mb'] or None,
-        max_model_len=values['max_model_len'], enable_prefix_cache=values['enable_prefix_cache'],
-        enable_cuda_graph=values['enable_cuda_graph'],
-        attention_backend=values['attention_backend'],
-        image_max_pixels=values['image_max_pixels'] or None,
-        image_min_pixels=values['image_min_pixels'] or None,
-        video_max_pixels=values['video_max_pixels'] or None)
+    return EngineConfig(**engine_fields(values, 'config'))
 
 
 def sampling_params(values):
     """The SamplingParams of an answer (seed -1: random; max_generation_s 0: no deadline)."""
     from orin_llm_node.engine import SamplingParams
-    seed, deadline = values['seed'], values['max_generation_s']
-    return SamplingParams(
-        max_tokens=values['max_new_tokens'], temperature=values['temperature'],
-        top_p=values['top_p'], top_k=values['top_k'], seed=None if seed == -1 else seed,
-        timeout_s=None if deadline == 0 else deadline,
-        response_format=response_format(values['response_format']))
+    return SamplingParams(**engine_fields(values, 'sampling'))
 
 
 _TRUE = ('true', '1', 'yes', 'on')
@@ -331,41 +402,3 @@ def from_text(name, text):
     except ValueError:
         raise ParameterError(
             f'launch argument {name}:={text!r} is not a valid {kind.__name__}') from None
-
-
-def values_from_files(params_files=(), overrides=(), node_name='orin_llm'):
-    """The values the node would start with, read without rclpy (``orin_llm_check``).
-
-    ``params_files``: ``--params-file`` YAML files in order (sections ``/**``, ``node_name``
-    or ``/<ns>/node_name``, each with ``ros__parameters``); ``overrides``: ``name:=value``
-    texts, last wins, as after ``-p``. Checked like the node's; raises ParameterError.
-    """
-    import yaml
-
-    values = {p.name: p.default for p in PARAMETERS}
-    for path in params_files:
-        try:
-            doc = yaml.safe_load(Path(path).read_text()) or {}
-        except RecursionError:
-            raise ParameterError(f'params file {path}: nested too deeply') from None
-        except (OSError, ValueError, yaml.YAMLError) as exc:   # ValueError: not UTF-8
-            raise ParameterError(f'params file {path}: {" ".join(str(exc).split())}') from None
-        for section, body in _mapping(doc, path).items():
-            if section == '/**' or str(section).rstrip('/').split('/')[-1] == node_name:
-                given = _mapping(_mapping(body or {}, path).get('ros__parameters') or {}, path)
-                values.update((k, v) for k, v in given.items() if k in PARAMS_BY_NAME)
-    for text in overrides:
-        name, sep, value = text.partition(':=')
-        if not sep or name not in PARAMS_BY_NAME:
-            raise ParameterError(f'override {text!r} is not name:=value for a node parameter')
-        values[name] = from_text(name, value)
-    check_parameters(values)
-    return values
-
-
-def _mapping(value, path):
-    # A params file's document, section or ros__parameters: a mapping, else ParameterError.
-    if not isinstance(value, dict):
-        raise ParameterError(f'params file {path}: expected a mapping of node names to '
-                             f'ros__parameters, got {type(value).__name__}')
-    return value

@@ -55,7 +55,7 @@ def _environment(report, device):
     import numpy
     import torch
 
-    from orin_llm_node import cuda_ops
+    from orin_llm_node.kernels import cuda_ops
 
     env = {'python': platform.python_version(), 'machine': platform.machine(),
            'torch': torch.__version__, 'torch_cuda': torch.version.cuda,
@@ -76,7 +76,7 @@ def _environment(report, device):
         f'{k} {env[k]}' for k in ('torch', 'torch_cuda', 'gpu', 'cupy', 'cuda_driver', 'nvrtc',
                                   'cuda_root', 'numpy', 'ros_distro') if env.get(k)))]
     if device.type == 'cuda' and 'cupy' in env:
-        from orin_llm_node.check_kernels import cuda_root_row
+        from orin_llm_node.cli.check_kernels import cuda_root_row
 
         rows.append(cuda_root_row(env['cuda_root']))
     if env['ros_distro'] == 'humble' and int(numpy.__version__.split('.')[0]) >= 2:
@@ -112,10 +112,9 @@ def _power(report):
 
 def _memory(report, values, device):
     from orin_llm_node.engine.memory_plan import plan_memory
-    from orin_llm_node.ros.model_loading import resolve_model_path
-    from orin_llm_node.ros.parameters import engine_config
+    from orin_llm_node.parameters import engine_config
 
-    cfg = engine_config(values, resolve_model_path(values['model_path']))
+    cfg = engine_config(values)
     plan = plan_memory(cfg, device)
     report['memory_plan'] = plan.as_dict()
     gb = 1e9
@@ -273,14 +272,13 @@ def _tiny(report, device):
 def run(values):
     """Every check for the node parameters ``values``; returns ``(rows, report)``."""
     from orin_llm_node.engine import EngineConfig
-    from orin_llm_node.layers.dispatch import tensor_device
-    from orin_llm_node.ros.model_loading import resolve_model_path
-    from orin_llm_node.ros.parameters import engine_config
+    from orin_llm_node.kernels.dispatch import tensor_device
+    from orin_llm_node.parameters import engine_config
 
     report = {'parameters': {k: values[k] for k in ('model_path', 'device', 'dtype',
                                                      'quantization', 'max_model_len',
                                                      'kv_cache_memory_mb')}}
-    cfg: EngineConfig = engine_config(values, resolve_model_path(values['model_path']))
+    cfg: EngineConfig = engine_config(values)
     try:
         device = tensor_device(cfg.resolve_device())  # cuda:<index>, as its tensors say
     except ValueError as exc:
@@ -288,7 +286,7 @@ def run(values):
                       "(on a Jetson: JetPack's torch wheel)")]
         report['checks'] = [asdict(r) for r in rows]
         return rows, report
-    from orin_llm_node.check_kernels import fused_rows, kernel_rows
+    from orin_llm_node.cli.check_kernels import fused_rows, kernel_rows
 
     rows = []
     steps = {'environment': lambda: _environment(report, device),
@@ -321,7 +319,8 @@ def table(rows) -> str:
 
 def main(argv=None):
     """Console entry point: ``orin_llm_check``; exit 1 if any check fails."""
-    from orin_llm_node.ros.parameters import ParameterError, values_from_files
+    from orin_llm_node.parameter_files import values_from_files
+    from orin_llm_node.parameters import ParameterError
 
     ap = argparse.ArgumentParser(prog='orin_llm_check', description=__doc__.split('\n')[0])
     ap.add_argument('--params-file', action='append', default=[],

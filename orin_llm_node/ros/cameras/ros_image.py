@@ -11,7 +11,7 @@ duck-typed, so the functions can be used without rclpy.
 ``check_image`` / ``check_compressed`` look at headers only (a compressed image is sized from
 its PNG/JPEG header, never decoded) and run when the image arrives, with every geometry check
 the engine's image processor would make; ``image_to_rgb`` / ``compressed_to_rgb`` do the pixel
-work and run on the worker thread, only for an image a prompt takes.
+work and run on the session thread, only for an image a prompt takes.
 """
 
 import array
@@ -22,10 +22,11 @@ import cv2
 import numpy as np
 from PIL import Image as PILImage
 
-from orin_llm_node.ros.refusals import clip
+from orin_llm_node.refusals import clip
 
 # Limits: far above any robot camera, far below what would exhaust memory (a compressed image
-# at MAX_PIXELS decodes to 3 x 32 MiB on the worker; a larger one is refused from its header).
+# at MAX_PIXELS decodes to 3 x 32 MiB on the session thread; a larger one is refused from its
+# header).
 MAX_SIDE = 16384
 MAX_PIXELS = 32 * 1024 * 1024
 MAX_COMPRESSED_BYTES = 64 * 1024 * 1024

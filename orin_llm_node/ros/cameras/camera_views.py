@@ -2,14 +2,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the cameras give one prompt: frames as received, each camera's view, the queued request.
 
-The records the intake (intake.py) hands to the node and the worker; ``response/info`` names
+The records the intake (intake.py) hands to the node and the session; ``response/info`` names
 their frames.  No rclpy: the messages are held, never built here.
 """
 
 from dataclasses import dataclass, field
 
-from orin_llm_node.ros import ros_image
-from orin_llm_node.ros.refusals import clip
+from orin_llm_node.refusals import clip
+from orin_llm_node.ros.cameras import ros_image
 
 # A frame_id is repeated in response/info cut to this length (it is the sender's text).
 FRAME_ID_CHARS = 128
@@ -17,7 +17,7 @@ FRAME_ID_CHARS = 128
 
 @dataclass
 class PendingImage:
-    """A camera's frame as received (decoded on the worker only if a prompt takes it)."""
+    """A camera's frame as received (decoded on the session thread only if a prompt takes it)."""
 
     msg: object
     compressed: bool
@@ -63,7 +63,6 @@ class Request:
     request_id: int
     text: str
     views: list = field(default_factory=list)      # CameraView per camera, in listed order
-    received_ns: int = 0
     synchronised: bool = True       # the frames are one approximate-time set (or one camera)
     video_s: float = 0.0            # the clip's length asked for (0: single frames)
     envelope: dict | None = None    # prompt/json: the checked keys (request_envelope.KEYS)

@@ -7,7 +7,7 @@ Per camera (parameter ``image_topics``): its subscriptions, the newest frame, it
 (camera_sync.py); what a prompt gets from them is camera_views.py's records.
 
 Runs on the executor (callbacks and a 1 s timer); prompts take their frames here on the
-executor too (:meth:`ImageIntake.take`), and the worker only drops a frame it could not decode
+executor too (:meth:`ImageIntake.take`), and the session only drops a frame it could not decode
 with :meth:`ImageIntake.forget`, under the intake's lock.
 """
 
@@ -15,16 +15,17 @@ from dataclasses import dataclass, field
 import threading
 import time
 
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image
 
-from orin_llm_node.ros import ros_image
-from orin_llm_node.ros.blind_camera import BlindWatch
-from orin_llm_node.ros.camera_sync import ApproximateSync
-from orin_llm_node.ros.camera_views import FRAME_ID_CHARS, CameraView, PendingImage
-from orin_llm_node.ros.frame_ring import FrameRing, resize_for_model
-from orin_llm_node.ros.parameters import camera_topics
-from orin_llm_node.ros.refusals import REASON_CHARS, clip
+from orin_llm_node.parameters import camera_topics
+from orin_llm_node.refusals import REASON_CHARS, clip
+from orin_llm_node.ros.cameras import ros_image
+from orin_llm_node.ros.cameras.blind_camera import BlindWatch
+from orin_llm_node.ros.cameras.camera_sync import ApproximateSync
+from orin_llm_node.ros.cameras.camera_views import FRAME_ID_CHARS, CameraView, PendingImage
+from orin_llm_node.ros.cameras.frame_ring import FrameRing, resize_for_model
+from orin_llm_node.ros.contract import image_qos
 
 try:                                    # Iron and later
     from rclpy.event_handler import SubscriptionEventCallbacks
@@ -62,10 +63,14 @@ class Camera:
 
 
 class ImageIntake:
-    """The cameras of ``node`` (parameter ``image_topics``) and what arrived from them."""
+    """The cameras of ``node`` (parameter ``image_topics``) and what arrived from them.
 
-    def __init__(self, node):
+    Its subscriptions and its once-a-second check run in ``callback_group``.
+    """
+
+    def __init__(self, node, callback_group):
         self.node = node
+        self.callback_group = callback_group
         self.cameras = []
         self._lock = threading.Lock()
         self._sync = None
@@ -99,9 +104,7 @@ class ImageIntake:
             if mode == 'auto' and reliable:
                 extra['event_callbacks'] = SubscriptionEventCallbacks(
                     incompatible_qos=lambda _event: None)
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                             reliability=ReliabilityPolicy.RELIABLE if reliable
-                             else ReliabilityPolicy.BEST_EFFORT)
+            qos = image_qos(reliable)
             for camera in self.cameras:
                 kinds = zip(camera_topics(camera.name), (Image, CompressedImage), (False, True),
                             strict=True)
@@ -109,7 +112,7 @@ class ImageIntake:
                     camera.subscriptions.append(self.node.create_subscription(
                         msg_type, topic,
                         lambda msg, c=camera, z=compressed: self._accept(c, msg, z), qos,
-                        **extra))
+                        callback_group=self.callback_group, **extra))
 
     def unsubscribe(self):
         """Close the subscriptions and forget every frame (the rings' memory goes back)."""
@@ -206,7 +209,7 @@ class ImageIntake:
         return views
 
     def forget(self, pending, why):
-        """Stop pairing ``pending`` with prompts (the worker could not decode it: ``why``)."""
+        """Stop pairing ``pending`` with prompts (the session could not decode it: ``why``)."""
         with self._lock:
             for camera in self.cameras:
                 if camera.newest is pending:
@@ -247,7 +250,7 @@ class ImageIntake:
         except ros_image.ImageConversionError as exc:
             with self._lock:
                 camera.refused = clip(exc, REASON_CHARS)
-            self.node.refuse_image(topic, exc)
+            self.node.replies.refuse_image(topic, exc)
             return
         with self._lock:
             camera.refused = ''
@@ -286,8 +289,8 @@ class ImageIntake:
             held = sum(r.nbytes for r in rings)
             frames = sum(len(r) for r in rings)
             limit = sum(r.limit_bytes(*r.frame_shape[:2]) for r in rings if r.frame_shape)
-        self.node.info.update(video_buffer_bytes=held, video_buffer_frames=frames,
-                              video_buffer_limit_bytes=limit)
+        self.node.replies.facts(video_buffer_bytes=held, video_buffer_frames=frames,
+                                video_buffer_limit_bytes=limit)
 
     def _frame_arrived(self, camera, nbytes, topic):
         if camera.watch.frame(time.monotonic(), nbytes, topic):
@@ -295,7 +298,7 @@ class ImageIntake:
             self.node.get_logger().info(f'camera {camera.name}: frames are arriving again')
 
     def _report_blindness(self):
-        self.node.info.update(camera='; '.join(c.watch.blind for c in self.cameras
+        self.node.replies.facts(camera='; '.join(c.watch.blind for c in self.cameras
                                                if c.watch.blind))
 
     def check_camera(self):
@@ -311,4 +314,4 @@ class ImageIntake:
                                       bool(self.node.dds_profile))
             if said:
                 self._report_blindness()
-                self.node.publish_error(said)
+                self.node.replies.error(said)

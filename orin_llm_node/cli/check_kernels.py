@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``orin_llm_check``'s kernel rows: build every variant, where CuPy keeps them, fused == torch.
 
-Every fused op is compared with its torch body through a :class:`~orin_llm_node.cuda_ops.
+Every fused op is compared with its torch body through a :class:`~orin_llm_node.kernels.cuda_ops.
 LaunchCounter`: an op whose inputs the kernels cannot take (a device that does not match, a
 misaligned row) quietly runs the torch body, and a row that launched nothing fails instead of
 comparing torch with torch. CuPy keeps compiled modules in ``CUPY_CACHE_DIR`` (default
@@ -12,14 +12,14 @@ every variant; the ``kernel cache`` row says where, and warns when nothing can b
 
 import time
 
-from orin_llm_node.check import FAIL, PASS, SKIP, WARN, Check
+from orin_llm_node.cli.check import FAIL, PASS, SKIP, WARN, Check
 
 #: Where CuPy finds the CUDA toolkit on a Jetson (JetPack installs it there).
 JETSON_CUDA_PATH = '/usr/local/cuda'
 
 
 def _cuda_usable(device):
-    from orin_llm_node import cuda_ops
+    from orin_llm_node.kernels import cuda_ops
 
     if device.type != 'cuda':
         return f'device {device} (no CUDA)'
@@ -58,8 +58,8 @@ def kernel_cache_row(cache: dict, compiled: int, seconds: float) -> Check:
 
 def kernel_rows(report, device) -> list[Check]:
     """Every kernel variant built for ``device``, then where CuPy keeps them (``report``)."""
-    from orin_llm_node import cuda_ops, kernel_sources
-    from orin_llm_node.layers.dispatch import tensor_device
+    from orin_llm_node.kernels import cuda_ops, kernel_sources
+    from orin_llm_node.kernels.dispatch import tensor_device
 
     why = _cuda_usable(device)
     if why:
@@ -93,7 +93,7 @@ def fused_rows(device, launcher=None) -> list[Check]:
     """
     import torch
 
-    from orin_llm_node.cuda_ops import FusedOps, LaunchCounter, kernel_launcher
+    from orin_llm_node.kernels.cuda_ops import FusedOps, LaunchCounter, kernel_launcher
 
     why = _cuda_usable(device) if launcher is None else None
     if why:

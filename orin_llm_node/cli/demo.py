@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``make demo``: start the node on the embedded checkpoint, show it a red circle, ask about it.
 
-    python -m orin_llm_node.ros.demo [--max-new-tokens N] [--timeout S]
+    python -m orin_llm_node.cli.demo [--max-new-tokens N] [--timeout S]
 
 Starts the ``orin_llm_node`` executable as a subprocess (``model_path`` empty: the embedded demo
 checkpoint, or a tiny random one if none is installed) on a private loopback-only DDS domain,
@@ -75,8 +75,8 @@ def run(max_new_tokens, timeout_s):
     from rclpy.signals import SignalHandlerOptions
     from sensor_msgs.msg import Image
 
-    from orin_llm_node.ros.chat_client import LLMClient
-    from orin_llm_node.ros.ros_image import rgb_to_image
+    from orin_llm_node.cli.chat_client import LLMClient
+    from orin_llm_node.ros.cameras.ros_image import rgb_to_image
 
     print(f'[demo] starting the node (ROS_DOMAIN_ID={env["ROS_DOMAIN_ID"]}, loopback only)',
           flush=True)
@@ -139,8 +139,8 @@ def run(max_new_tokens, timeout_s):
 
 
 def main(args=None):
-    """Entry point (``python -m orin_llm_node.ros.demo``)."""
-    parser = argparse.ArgumentParser(prog='python -m orin_llm_node.ros.demo',
+    """Entry point (``python -m orin_llm_node.cli.demo``)."""
+    parser = argparse.ArgumentParser(prog='python -m orin_llm_node.cli.demo',
                                      description=__doc__.split('\n')[0])
     parser.add_argument('--max-new-tokens', type=int, default=48,
                         help='longest answer (default 48)')

@@ -5,7 +5,7 @@
 A clip is sent at its own pace (its stamps must not lie ahead of the node's clock), so a clip
 the node cannot keep would stream for its whole length only to be refused: the client reads
 the node's ``video_buffer_s`` and ``video_fps`` from its parameter service first and refuses
-such a clip before sending anything (chat_client.py sends it).
+such a clip before sending anything (chat.py sends it).
 """
 
 from pathlib import Path
