@@ -5,7 +5,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-REQS := requirements/runtime.txt requirements/ros.txt requirements/test.txt requirements/cpu-test.txt requirements/cpu-constraints.txt
+REQS := requirements/runtime.txt requirements/ros.txt requirements/test.txt requirements/cpu-test.txt requirements/cpu-constraints.txt \
+	requirements/openai.txt requirements/serve.txt
 STAMP := $(VENV)/.installed
 # ROS 2 wheels find their message packages through ament_index.
 export AMENT_PREFIX_PATH := $(CURDIR)/$(VENV)
@@ -33,7 +34,7 @@ $(STAMP): $(REQS) setup.py
 	$(PY) -m pip install -q --disable-pip-version-check \
 		-c requirements/cpu-constraints.txt torch==2.13.0 \
 		-r requirements/runtime.txt -r requirements/ros.txt -r requirements/test.txt \
-		-r requirements/cpu-test.txt
+		-r requirements/cpu-test.txt -r requirements/openai.txt -r requirements/serve.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
