@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""The HTTP side of orin_llm_serve: ``/v1/models`` and ``/v1/chat/completions`` (FastAPI).
+"""The HTTP side of orin_llm_serve: ``/v1/models``, ``/v1/chat/completions``, ``/health``.
 
 A request is read (``chat_request``), queued on the engine's thread (``engine_worker``) and
 answered as a JSON completion or as server-sent events. Errors have the OpenAI shape. A
@@ -48,6 +48,11 @@ def create_app(worker, served_model: str, *, api_key: str | None = None,
                 return refuse(RequestError(401, 'missing or wrong API key (Authorization: '
                                                 'Bearer ...)', kind='authentication_error'))
         return await call_next(request)
+
+    @app.get('/health')
+    async def health():
+        return {'status': 'ok', 'model': served_model, 'busy': worker.running is not None,
+                'queue_depth': worker.queue_depth()}
 
     @app.get('/v1/models')
     async def models():
