@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""orin_llm_serve as a real process on loopback, for the backend and server tests."""
+"""orin_llm_serve (or vLLM) as a real process on loopback, for the backend and server tests."""
 
 import os
 from pathlib import Path
@@ -26,27 +26,32 @@ def free_port() -> int:
 class Server:
     """One ``orin_llm_serve`` process; ``url`` is its API root (``.../v1``)."""
 
-    def __init__(self, ckpt, log_path: Path, *args, port=None, env=None):
+    def __init__(self, ckpt, log_path: Path, *args, port=None, env=None,
+                 start_timeout_s=START_TIMEOUT_S):
         self.port = port or free_port()
         self.url = f'http://127.0.0.1:{self.port}/v1'
         self.log_path = log_path
         self.ckpt, self.args, self.env = ckpt, args, env
+        self.start_timeout_s = start_timeout_s
         self.proc = None
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        return [sys.executable, '-m', 'orin_llm_node.serve.main', '--model-path', str(self.ckpt),
+                '--port', str(self.port), '--device', 'cpu', '--log-level', 'warning',
+                *self.args]
 
     def start(self) -> 'Server':
         """Start the process and wait until ``/v1/models`` answers."""
         import httpx
-        cmd = [sys.executable, '-m', 'orin_llm_node.serve.main', '--model-path', str(self.ckpt),
-               '--port', str(self.port), '--device', 'cpu', '--log-level', 'warning',
-               *self.args]
         env = {**os.environ, **(self.env or {})}
         with open(self.log_path, 'ab') as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-        deadline = time.monotonic() + START_TIMEOUT_S
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                pytest.fail(f'orin_llm_serve exited with {self.proc.returncode}:\n{self.log()}')
+                pytest.fail(f'the server exited with {self.proc.returncode}:\n{self.log()}')
             try:
                 response = httpx.get(f'{self.url}/models', timeout=2.0, trust_env=False,
                                      headers=self._auth())
@@ -56,7 +61,7 @@ class Server:
                 pass
             time.sleep(0.2)
         self.stop()
-        pytest.fail(f'orin_llm_serve did not answer within {START_TIMEOUT_S} s:\n{self.log()}')
+        pytest.fail(f'the server did not answer within {self.start_timeout_s} s:\n{self.log()}')
 
     def _auth(self):
         key = (self.env or {}).get('SERVE_TEST_KEY')
@@ -90,3 +95,30 @@ class Server:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+class VLLMServer(Server):
+    """vLLM's OpenAI server (the CPU build in its own venv, ``python``) on a checkpoint.
+
+    Served as the issue of this compatibility test found it works: float32, eager, a small KV
+    space, the guidance backend for structured outputs without free whitespace (our grammars
+    allow none), prompt-token details on (cached tokens).
+    """
+
+    def __init__(self, python, ckpt, name, log_path: Path):
+        super().__init__(ckpt, log_path, env={'VLLM_CPU_KVCACHE_SPACE': '1'},
+                         start_timeout_s=600.0)
+        self.python, self.name = python, name
+
+    def command(self) -> list[str]:
+        """``python -m vllm.entrypoints.openai.api_server``.
+
+        Not ``vllm serve``: that entry point looks up the ``vllm`` distribution, and the
+        registry's package is named ``vllm-cpu``.
+        """
+        return [self.python, '-m', 'vllm.entrypoints.openai.api_server', '--model',
+                str(self.ckpt), '--served-model-name', self.name, '--host', '127.0.0.1',
+                '--port', str(self.port), '--dtype', 'float32', '--enforce-eager',
+                '--max-model-len', '2048', '--enable-prompt-tokens-details',
+                '--structured-outputs-config',
+                '{"backend": "guidance", "disable_any_whitespace": true}']
