@@ -110,21 +110,28 @@ def create_app(worker, served_model: str, *, api_key: str | None = None,
             return answer.completion()
 
         async def sse():
-            event = first
+            # Every event already waiting goes out in one write: when the engine outpaces the
+            # loop, a write per token would cost more than the token.
+            event, out = first, [answer.sse(answer.head())]
             try:
-                yield answer.sse(answer.head())
                 while True:
                     if event[0] in ('invalid', 'failed'):
-                        yield answer.sse({'error': {'message': event[1], 'type': 'server_error',
-                                                    'code': 500}})
+                        out.append(answer.sse({'error': {'message': event[1],
+                                                         'type': 'server_error', 'code': 500}}))
                         break
-                    yield answer.sse(answer.chunk(event[1]))
+                    out.append(answer.sse(answer.chunk(event[1])))
                     if event[0] == 'result':
                         if chat.include_usage:
-                            yield answer.sse(answer.usage_chunk())
+                            out.append(answer.sse(answer.usage_chunk()))
                         break
-                    event = await events.get()
-                yield 'data: [DONE]\n\n'
+                    if events.empty():
+                        yield ''.join(out)
+                        out = []
+                        event = await events.get()
+                    else:
+                        event = events.get_nowait()
+                out.append('data: [DONE]\n\n')
+                yield ''.join(out)
             finally:
                 job.cancel()  # a no-op once answered; the client went away otherwise
 
