@@ -170,3 +170,16 @@ def test_cancel_ends_the_answer_and_keeps_its_text(server):
     assert result.finish_reason == 'cancelled' and result.error is None
     assert after < 2 and result.text
     assert conv.messages()[-1] == {'role': 'assistant', 'content': result.text}
+
+
+def test_reset_forgets_one_or_every_conversation(server):
+    backend = _backend(server.url)
+    a, b = backend.new_conversation('You are a robot.'), backend.new_conversation()
+    for conv in (a, b, a):
+        assert backend.chat(conv, 'Hello?', sampling=SHORT).error is None
+    assert (a.num_turns, b.num_turns) == (2, 1)
+    backend.reset(b)
+    assert (a.num_turns, b.num_turns) == (2, 0)
+    backend.reset()
+    assert a.num_turns == 0 and a.messages() == [{'role': 'system',
+                                                   'content': 'You are a robot.'}]

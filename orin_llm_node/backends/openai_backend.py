@@ -18,6 +18,7 @@ import itertools
 import math
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -135,6 +136,9 @@ class OpenAIBackend:
             write=config.read_timeout_s, pool=config.connect_timeout_s))
         self._cancel = threading.Event()
         self._guard = SingleThreadGuard()
+        # Every live conversation (for reset()); a weak map, so dropping one frees it.
+        self._conversations: weakref.WeakValueDictionary[int, RemoteConversation] = (
+            weakref.WeakValueDictionary())
         self._book = StatsBook(BackendStats(self.backend, config.base_url, config.model))
 
     @property
@@ -190,13 +194,15 @@ class OpenAIBackend:
         """Start a conversation (``ValueError`` for a system prompt that is not text)."""
         if system_prompt is not None:
             _check_text('system prompt', system_prompt)
-        return RemoteConversation(system_prompt)
+        conv = RemoteConversation(system_prompt)
+        self._conversations[conv.id] = conv
+        return conv
 
     def reset(self, conv: RemoteConversation | None = None) -> None:
-        """Forget ``conv``'s history (keeps its system prompt); None: nothing is kept here."""
+        """Forget ``conv``'s history (every conversation's when None); keeps its system prompt."""
         with self._guard.hold('reset'):
-            if conv is not None:
-                conv.reset()
+            for c in list(self._conversations.values()) if conv is None else [conv]:
+                c.reset()
 
     def cancel(self) -> None:
         """End the answer in progress now (thread-safe); its text so far is kept."""
@@ -359,7 +365,8 @@ class OpenAIBackend:
             ttft_s=(turn.t_first - turn.t0) if turn.t_first else 0.0, decode_tok_s=tok_s,
             vision_s=None, error=error, valid=valid, parsed=parsed, model=turn.model,
             prompt_tokens=usage.get('prompt_tokens'), completion_tokens=completion)
-        self._book.contact(exchange.answered, turn.model)
+        if exchange.answered or error is not None:  # a cancel before any answer says nothing
+            self._book.contact(exchange.answered, turn.model)
         if error is not None:
             self._book.failed(error, exchange.retries)
             return
