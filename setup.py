@@ -56,6 +56,8 @@ setup(
         'runtime': _requirements('runtime'),
         'ros': _requirements('ros'),
         'cuda': _requirements('cuda'),
+        'openai': _requirements('openai'),
+        'serve': _requirements('serve'),
         'test': _requirements('test'),
     },
     # The package reads its data files from disk next to the modules.
@@ -70,6 +72,7 @@ setup(
             f'orin_llm_node = {PACKAGE}.ros.main:main',
             f'orin_llm_chat = {PACKAGE}.cli.chat:main',
             f'orin_llm_check = {PACKAGE}.cli.check:main',
+            f'orin_llm_serve = {PACKAGE}.serve.main:main',
         ],
     },
 )

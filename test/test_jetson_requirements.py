@@ -22,12 +22,19 @@ PROVIDERS = {
     'safetensors': (None, 'safetensors'), 'cupy': (None, 'cupy-cuda12x'),
     'llguidance': (None, 'llguidance'),
 }
+#: Optional extras: import name -> (its requirements file, the one folder that may import it).
+#: The node never needs them: httpx only for the OpenAI-API backend, the web server only for
+#: orin_llm_serve.
+OPTIONAL = {'httpx': ('openai.txt', 'orin_llm_node/backends/'),
+            'fastapi': ('serve.txt', 'orin_llm_node/serve/'),
+            'uvicorn': ('serve.txt', 'orin_llm_node/serve/')}
 JETPACK = {'torch'}
 ROS = {'rclpy', 'builtin_interfaces', 'diagnostic_msgs', 'lifecycle_msgs', 'rcl_interfaces',
        'rosgraph_msgs', 'sensor_msgs', 'std_msgs', 'std_srvs', 'ament_index_python'}
 
 
-def third_party_imports():
+def third_party_imports(every=False):
+    """Import name -> first file importing it (``every``: -> every such file)."""
     found = {}
     for path in PACKAGE.rglob('*.py'):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -37,8 +44,8 @@ def third_party_imports():
             for name in names:
                 top = name.split('.')[0]
                 if top not in sys.stdlib_module_names and top != 'orin_llm_node':
-                    found.setdefault(top, path.relative_to(REPO).as_posix())
-    return found
+                    found.setdefault(top, []).append(path.relative_to(REPO).as_posix())
+    return found if every else {name: paths[0] for name, paths in found.items()}
 
 
 def requirement_names(name):
@@ -51,7 +58,7 @@ def test_every_import_has_a_provider_on_the_robot():
     deps = {d.text for d in ET.parse(REPO / 'package.xml').getroot().iter('exec_depend')}
     jetson = requirement_names('jetson.txt')
     for module, where in third_party_imports().items():
-        if module in JETPACK or module in ROS:
+        if module in JETPACK or module in ROS or module in OPTIONAL:
             continue
         assert module in PROVIDERS, f'{module} (imported in {where}) has no provider listed'
         key, pip = PROVIDERS[module]
@@ -59,6 +66,17 @@ def test_every_import_has_a_provider_on_the_robot():
     for key, _ in PROVIDERS.values():
         assert key is None or key in deps, key
     assert 'torch' not in jetson and 'numpy' not in jetson
+
+
+def test_optional_extras_stay_in_their_folders_and_need_no_numpy_or_torch():
+    imports = third_party_imports(every=True)
+    for module, (requirements, folder) in OPTIONAL.items():
+        assert module in requirement_names(requirements), (module, requirements)
+        assert all(where.startswith(folder) for where in imports.get(module, [])), (
+            module, imports[module])
+    for requirements in {r for r, _ in OPTIONAL.values()}:
+        names = requirement_names(requirements)
+        assert 'numpy' not in names and 'torch' not in names, requirements
 
 
 def test_constraints_keep_numpy_1_and_pin_wheels_that_accept_it():
