@@ -12,6 +12,7 @@ from pathlib import Path as _Path
 import sys as _sys
 
 _generated = _Path(_sys.prefix) / 'lib' / 'orin_llm_node_interfaces' / __name__
-if (_Path(__file__).resolve().parents[1] / 'setup.py').is_file() and _generated.is_dir():
+# The file's own folder, unresolved: a symlink install (colcon --symlink-install) is no checkout.
+if (_Path(__file__).parent.parent / 'setup.py').is_file() and _generated.is_dir():
     __path__.append(str(_generated))
 del _Path, _sys, _generated

@@ -10,7 +10,8 @@ names ``action/Ask.action``, whose fields are those of the generated Python type
 ``orin_llm_node.action`` in one Python package, one executable in ``lib/orin_llm_node/`` per
 console script of setup.cfg (for ``ros2 run``), and ``launch/``, ``config/``, ``cuda_kernels/``
 in share/. A fresh interpreter in the sourced workspace imports everything from the install,
-the scripts run, and the action round-trip test passes against it. Skips without colcon.
+the scripts run, and the action round-trip test passes against it; with ``--symlink-install``
+too. Skips without colcon.
 """
 
 import configparser
@@ -93,9 +94,14 @@ def _action_fields(text):
     return sections
 
 
-@pytest.fixture(scope='module')
-def workspace(tmp_path_factory):
-    """A colcon workspace holding a copy of the checkout, built; its install/ and the output."""
+@pytest.fixture(scope='module', params=[[], ['--symlink-install']],
+                ids=['install', 'symlink-install'])
+def workspace(request, tmp_path_factory):
+    """A colcon workspace holding a copy of the checkout, built; its install/ and the output.
+
+    Built twice: copied files, and ``--symlink-install`` (links into the source and build
+    trees, where rosidl's ``__init__.py`` and ours compete for one name).
+    """
     ws = tmp_path_factory.mktemp('colcon_ws')
     shutil.copytree(REPO, ws / 'src' / PACKAGE, ignore=_ignore)
     env = dict(os.environ, PATH=f'{Path(sys.executable).parent}{os.pathsep}{os.environ["PATH"]}',
@@ -104,7 +110,7 @@ def workspace(tmp_path_factory):
     done = subprocess.run(
         [COLCON, '--log-base', str(ws / 'log'), 'build', '--base-paths', str(ws / 'src'),
          '--build-base', str(ws / 'build'), '--install-base', str(ws / 'install'),
-         '--event-handlers', 'console_direct+'],
+         '--event-handlers', 'console_direct+', *request.param],
         cwd=ws, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
     return ws / 'install', env, done.stdout + done.stderr
@@ -143,11 +149,18 @@ def test_the_install_holds_the_interfaces_modules_scripts_and_share(workspace, t
     assert any('/action/' in m for m in report['modules'])
     assert set(_files(REPO / PACKAGE)) <= set(_files(site))
     assert (site / 'action' / '_ask.py').is_file()
-    # share/: what the node reads at run time, found the way the node finds it.
+    # share/: what the node reads at run time, found the way the node finds it. A symlink
+    # install's modules resolve into the source tree, and so does what they find: the very files
+    # the install's share/ links to.
     share = prefix / 'share' / PACKAGE
-    assert Path(report['share_dir']) == share and Path(report['ament_share']) == share
+    found = Path(report['share_dir'])
+    assert found == share or (site / '__init__.py').is_symlink(), found
+    assert Path(report['ament_share']) == share
     for folder in ('launch', 'config', 'cuda_kernels'):
-        assert _files(share / folder) == _files(REPO / folder), folder
+        names = _files(share / folder)
+        assert names == _files(REPO / folder), folder
+        assert [(found / folder / n).resolve() for n in names] == \
+            [(share / folder / n).resolve() for n in names], folder
     # The interface as `ros2 interface show` finds it: named in the ament index, our file,
     # and the generated type has exactly its fields, in order.
     assert 'action/Ask.action' in report['interfaces']
