@@ -35,7 +35,7 @@ NP1_TESTS := test/test_engine_parity.py test/test_engine_cache.py test/test_engi
 
 venv: $(STAMP) $(INTERFACES)
 
-# Re-run pip only when a requirements file or setup.py changed (quick when already set up).
+# Re-run pip only when a requirements file, setup.py or setup.cfg changed (quick when set up).
 $(STAMP): $(REQS) setup.py setup.cfg
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip

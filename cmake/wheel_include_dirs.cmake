@@ -45,6 +45,9 @@ endfunction()
 # venv inside the checkout (make venv) that directory lies in the source tree, which CMake refuses
 # in an installed export: such a directory is kept for this build only ($<BUILD_INTERFACE:...>).
 function(orin_llm_node_keep_source_tree_includes_local target)
+  if(NOT TARGET ${target})
+    return()  # Humble's rosidl names it <package>__python
+  endif()
   get_target_property(_dirs ${target} INTERFACE_INCLUDE_DIRECTORIES)
   if(NOT _dirs)
     return()
