@@ -1,6 +1,10 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""ament_python package definition (works with `colcon build` and with `pip install .`)."""
+"""The Python package for pip: ``pip install .`` and the editable install of ``make venv``.
+
+``colcon build`` uses CMakeLists.txt instead (package.xml: ament_cmake), which also generates the
+ROS interfaces (``orin_llm_node.action``); a pip install holds no generated interfaces.
+"""
 
 from pathlib import Path
 
@@ -48,9 +52,8 @@ setup(
         _share('config'),
         _share('cuda_kernels'),
     ],
-    # Only setuptools here, as in ros2/examples: colcon-generated entry points check
-    # install_requires at start-up, and on a robot numpy/OpenCV/torch come from apt or JetPack,
-    # not from pip metadata. pip users install the extras below.
+    # Only setuptools here, as in ros2/examples: on a robot numpy/OpenCV/torch come from apt or
+    # JetPack, not from pip metadata. pip users install the extras below.
     install_requires=['setuptools'],
     extras_require={
         'runtime': _requirements('runtime'),
@@ -67,12 +70,5 @@ setup(
     description='Qwen3-VL on the robot: a ROS 2 node with a paged KV-cache engine.',
     license='Apache-2.0',
     tests_require=['pytest'],
-    entry_points={
-        'console_scripts': [
-            f'orin_llm_node = {PACKAGE}.ros.main:main',
-            f'orin_llm_chat = {PACKAGE}.cli.chat:main',
-            f'orin_llm_check = {PACKAGE}.cli.check:main',
-            f'orin_llm_serve = {PACKAGE}.serve.main:main',
-        ],
-    },
+    # Console scripts: setup.cfg (CMakeLists.txt reads them there for colcon build).
 )

@@ -50,7 +50,8 @@ def test_a_bad_parameter_is_one_line(tmp_path):
 
 
 def test_console_script_is_declared():
-    assert "orin_llm_check = {PACKAGE}.cli.check:main" in (REPO / 'setup.py').read_text()
+    # setup.cfg declares the console scripts for pip and for colcon build (CMakeLists.txt).
+    assert 'orin_llm_check = orin_llm_node.cli.check:main' in (REPO / 'setup.cfg').read_text()
 
 
 def test_cuda_asked_for_on_a_cpu_is_a_failure_with_the_fix(tiny_ckpt, tmp_path):
