@@ -95,6 +95,7 @@ class QuantPlan:
         self.layers = layers
         self.description = description
         self._pending: dict[str, dict[str, torch.Tensor]] = {}
+        self._rows: dict[QuantLinear, int] = {}  # rows loaded per layer (merged: all parts)
 
     def tensor_role(self, key: str) -> tuple[str, str] | None:
         """``(checkpoint layer, tensor suffix)`` when ``key`` belongs to a quantized layer."""
@@ -118,7 +119,8 @@ class QuantPlan:
             layer: QuantLinear, row0: int = 0) -> bool:
         """Collect one tensor; load the layer's rows once all its tensors are in.
 
-        Returns True when the layer part was loaded.
+        A CPU layer whose rows are all in moves to the CPU layout
+        (``QuantLinear.use_cpu_layout``). Returns True when the layer part was loaded.
         """
         want = self.expected(module)
         if suffix not in want:
@@ -130,9 +132,12 @@ class QuantPlan:
             return False
         del self._pending[module]
         try:
-            self._load(module, got, layer, row0)
+            rows = self._load(module, got, layer, row0)
         except ValueError as e:
             raise ModelLoadError(f"{module}: {e}") from None
+        self._rows[layer] = self._rows.get(layer, 0) + rows
+        if self._rows[layer] == layer.out_features and layer.qweight.device.type == "cpu":
+            layer.use_cpu_layout()
         return True
 
     def incomplete(self) -> list[str]:
@@ -140,12 +145,13 @@ class QuantPlan:
         return [f"{m}.{s}" for m, got in self._pending.items()
                 for s in self.expected(m) - set(got)]
 
-    def _load(self, module: str, t: dict, layer: QuantLinear, row0: int) -> None:
+    def _load(self, module: str, t: dict, layer: QuantLinear, row0: int) -> int:
+        """Load one part into ``layer``'s rows ``row0...``; returns its number of rows."""
         lq = self.layers[module]
         dev = layer.qweight.device
         if lq.source == "at-load":
-            layer.quantize_from(t["weight"].to(dev), row0)
-        elif lq.source == "fp8":
+            return layer.quantize_from(t["weight"].to(dev), row0)
+        if lq.source == "fp8":
             w = t["weight"]
             if w.dtype != torch.float8_e4m3fn:
                 raise ValueError(f"fp8 weight has dtype {w.dtype}, expected float8_e4m3fn")
@@ -154,10 +160,10 @@ class QuantPlan:
             if tuple(t["weight_scale_inv"].shape) != grid:
                 raise ValueError(f"weight_scale_inv has shape {list(t['weight_scale_inv'].shape)}"
                                  f", 128x128 blocks of {[rows, cols]} need {list(grid)}")
-            layer.load_rows({"qweight": w.view(torch.uint8),
-                             "scale": block_scales_to_rows(t["weight_scale_inv"], rows)}, row0)
-        else:
-            layer.load_rows(_from_pack_quantized(t, layer), row0)
+            return layer.load_rows({"qweight": w.view(torch.uint8),
+                                    "scale": block_scales_to_rows(t["weight_scale_inv"], rows)},
+                                   row0)
+        return layer.load_rows(_from_pack_quantized(t, layer), row0)
 
 
 def _unpack_dense(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
