@@ -50,8 +50,11 @@ DECODE_MAX_ROWS = 4
 SERIAL_ELEMENTS = 32767
 
 
+_CPU = torch.device("cpu")
+
+
 def _work(role: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    return scratch.buffer(role, numel, dtype, torch.device("cpu"))
+    return scratch.buffer(role, numel, dtype, _CPU)
 
 
 @functools.cache
@@ -144,12 +147,15 @@ def _decode(layer, x: torch.Tensor) -> torch.Tensor:
     else:
         sums = _bag_group_sums(layer, x)
     n = layer.out_features
-    y = torch.empty(x.shape[0], n)
     scale = layer.scale.t()[:, None]  # [groups, 1, out], contiguous (use_cpu_layout)
     step = max(16, SERIAL_ELEMENTS // sums[..., 0].numel())
-    for c0 in range(0, n, step):
-        c1 = min(n, c0 + step)
-        torch.sum(sums[..., c0:c1].mul_(scale[..., c0:c1]), (1, 2), out=y[:, c0:c1])
+    if step >= n:
+        y = sums.mul_(scale).sum((1, 2))
+    else:
+        y = torch.empty(x.shape[0], n)
+        for c0 in range(0, n, step):
+            c1 = min(n, c0 + step)
+            torch.sum(sums[..., c0:c1].mul_(scale[..., c0:c1]), (1, 2), out=y[:, c0:c1])
     return y.mul_(layer.code_unit) if layer.code_unit != 1.0 else y
 
 

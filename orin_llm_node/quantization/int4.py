@@ -85,7 +85,11 @@ class Int4Linear(QuantLinear):
         # Asymmetric layers append one row per group holding its zero points: summed into
         # the group's first bag with weight -sum(x over the group), they subtract z - 8 in
         # the kernel itself (cpu_layout._bags).
-        u = unpack_int4(self.qweight, self.in_features).t()  # [in, out]
+        def work(role, numel, dtype):
+            return torch.empty(numel, dtype=dtype)
+
+        nibbles = _nibbles(self.qweight.view(torch.uint8), work)[:, :self.in_features]
+        u = nibbles.t().contiguous()  # [in, out]: torch's blocked transpose, then dense ops
         if self.zero is not None:
             u = torch.cat([u, self.zero.t()])
         if self.out_features % 2:  # fbgemm's 4-bit rows hold an even number of codes

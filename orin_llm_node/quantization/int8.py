@@ -37,7 +37,9 @@ class Int8Linear(QuantLinear):
     def _cpu_codes(self):
         n = self.out_features
         rows = torch.empty(self.in_features, n + _ROW_TAIL.numel(), dtype=torch.uint8)
-        torch.bitwise_xor(self.qweight.t().view(torch.uint8), 0x80, out=rows[:, :n])  # q + 128
+        # Transposed whole first (torch's blocked copy), 3x faster than xor-ing a strided view.
+        codes = self.qweight.t().contiguous().view(torch.uint8)
+        torch.bitwise_xor(codes, 0x80, out=rows[:, :n])  # q + 128
         rows[:, n:] = _ROW_TAIL
         return rows
 
