@@ -3,7 +3,7 @@
 """The quantized linears' CPU path: codes in the CPU layout, multiplied without a dense weight.
 
 Dequantising tiles of output rows into fp32 and calling ``F.linear`` per tile made decode
-1.9-3.2x slower than float on a quiet core (bench/quant_cpu.py measures it). A CPU layer now
+up to 3x slower than float on a quiet core (bench/quant_cpu.py measures it). A CPU layer now
 moves its codes, once loaded, to the input-major CPU layout (quantization/cpu_layout.py), and
 decode runs fbgemm's embedding-bag kernels over the codes (INT8, INT4) or decodes whole groups
 and multiplies them by one batched GEMV (FP8). These tests pin what makes it fast -- one
@@ -209,7 +209,7 @@ def test_int_decode_costs_less_cpu_time_than_float():
     """INT8 / INT4 decode takes at most 0.8x the CPU time of float's GEMV.
 
     One thread, a weight set beyond the last-level cache (as a model's); about 0.3x measured
-    on a shared 2-core x86, where the tile path took 1.0-1.9x. CPU time of turns taken in
+    on a shared 2-core x86, where the tile path took 1.0-1.6x. CPU time of turns taken in
     rotation: other processes' load lands on every format alike and waiting does not count.
     """
     shapes = [(4096, 1024)] * 6  # 96 MB of fp32

@@ -5,7 +5,7 @@
 Decode multiplies one activation row by every weight once. Float's GEMV streams the fp32
 weight at memory speed on every thread; dequantising tiles of output rows into fp32 and
 calling ``F.linear`` per tile writes and reads 4 bytes per weight besides the code, in 5-8
-torch calls per tile, each a parallel region of its own -- 1.9-3.2x float's decode time on a
+torch calls per tile, each a parallel region of its own -- up to 3x float's decode time on a
 quiet core. So a CPU layer, once loaded (``QuantLinear.use_cpu_layout``), keeps its codes
 *input-major*: row ``c`` holds every output's code for input column ``c``. ``y = W x`` is
 then ``sum_c x[c] * row_c``, a weighted sum of rows -- what fbgemm's embedding-bag kernels
@@ -20,8 +20,9 @@ codes, no float tile (``torch.ops.quantized.embedding_bag_byte_rowwise_offsets``
   are applied to the group sums: ``y[n] = sum_g s[n, g] * P[g, n]``;
 * a bag is at most :data:`BAG` columns of one group. Those short sums keep the result as
   close to the exact product as ``F.linear`` over ``dequantize()`` for 1024+ input columns
-  (closer the wider the layer), though not bit-identical to it (test_quant_cpu_path
-  measures both against float64); the CUDA GEMV too applies the scales to group sums.
+  (closer the wider the layer; within 2.5x of its error on narrower ones, both about one
+  fp32 rounding), though not bit-identical to it (test_quant_cpu_path measures both against
+  float64); the CUDA GEMV too applies the scales to group sums.
 
 FP8 has no such kernel: its input-major codes are decoded a tile of whole 128-column groups
 at a time into a reused fp32 buffer (bit moves, exact) and multiplied per group by one
@@ -48,7 +49,6 @@ DECODE_MAX_ROWS = 4
 #: torch runs an elementwise op or reduction on one thread below 32768 elements
 #: (``at::internal::GRAIN_SIZE``); the decode's small ops stay at or under this.
 SERIAL_ELEMENTS = 32767
-
 
 _CPU = torch.device("cpu")
 
