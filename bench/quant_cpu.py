@@ -30,13 +30,15 @@ each format's CPU path, and torch's packed CPU kernels where a format maps onto 
 (``_weight_int8pack_mm`` for per-channel int8, ``_weight_int4pack_mm_for_cpu`` for int4),
 each with its ``max|diff|`` against ``F.linear`` over ``dequantize()``.
 
-Run from the repository root (PYTHONPATH points at the code to measure, e.g. an export of
-another commit for a before/after)::
+Run from the repository root::
 
-    PYTHONPATH=$PWD python bench/quant_cpu.py --models mid
-    PYTHONPATH=$PWD python bench/quant_cpu.py --models mid --hogs 2 --tag hogs2
-    PYTHONPATH=/tmp/main python bench/quant_cpu.py --tag before --out /tmp/before
-    PYTHONPATH=$PWD python bench/quant_cpu.py --before /tmp/before/quant_cpu_before.json
+    .venv/bin/python bench/quant_cpu.py --models mid
+    .venv/bin/python bench/quant_cpu.py --models mid --hogs 2 --tag hogs2
+    .venv/bin/python bench/quant_cpu.py --before /tmp/before/quant_cpu_before.json
+
+For a before/after, run a copy of this script in the other commit's checkout and venv with
+``--tag before --out /tmp/before`` (``make venv`` installs the package editable, and its
+import hook wins over ``PYTHONPATH``).
 
 Prints JSON and writes ``quant_cpu[_TAG].json`` / ``.png`` to ``--out`` (default
 bench/results); ``--before`` puts another run's medians beside these in the JSON and PNG.
