@@ -14,9 +14,10 @@ size concatenate their parts along the output dimension.
 ``forward`` asks ``kernels.dispatch`` (the one dispatch point) for the fused kernels of the
 input's device and dtype: with them, ``cuda_ops.FusedOps.quant_linear`` runs the dequantising
 GEMV / dequantise + matmul kernels of ``cuda_kernels/quant_linear.cu`` when the shape suits
-them; otherwise :meth:`QuantLinear.torch_forward` runs -- the CPU path and the kernels' oracle:
-``F.linear(x, self.dequantize(x.dtype), bias)``, computed on the CPU a tile of rows at a time
-in reused buffers (``scratch.py``) with the same numbers.
+them; otherwise :meth:`QuantLinear.torch_forward` runs -- the kernels' oracle,
+``F.linear(x, self.dequantize(x.dtype), bias)``. A CPU layer that has loaded moves its codes
+to the CPU layout (:meth:`QuantLinear.use_cpu_layout`, ``cpu_layout.py``): one row per input
+column, which fbgemm's embedding-bag kernels multiply without a dense weight.
 """
 
 from abc import ABC, abstractmethod
@@ -29,61 +30,27 @@ import torch.nn.functional as F
 
 from orin_llm_node.kernels.dispatch import kernels_for
 
-from . import scratch
+from . import cpu_layout
+from .groups import per_group_
 
-__all__ = ["QuantLinear", "abs_max", "divided_by_groups", "grouped", "per_group_"]
-
-
-def grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``[rows, in]`` -> ``[rows, G, group_size]``, the last group zero-padded.
-
-    A view of ``weight`` when ``group_size`` divides ``in`` (the usual case: no copy).
-    """
-    rows, cols = weight.shape
-    groups = -(-cols // group_size)
-    if groups * group_size != cols:
-        weight = F.pad(weight, (0, groups * group_size - cols))
-    return weight.unflatten(1, (groups, group_size))
-
-
-def abs_max(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """``t.abs().amax(dim)`` from two reductions, without a full-size ``abs`` copy."""
-    return torch.maximum(t.amax(dim), t.amin(dim).neg())
-
-
-def per_group_(op, weight: torch.Tensor, per_group: torch.Tensor, group_size: int) -> None:
-    """``op(weight, per_group repeated over each group's columns)`` in place, without a copy.
-
-    ``op`` is an in-place binary tensor method (``torch.Tensor.mul_``, ``sub_``); ``weight
-    [rows, cols]``, ``per_group [rows, G]`` (the last group may be shorter).
-    """
-    rows, cols = weight.shape
-    full = cols // group_size
-    if full:
-        op(weight[:, :full * group_size].unflatten(1, (full, group_size)),
-           per_group[:, :full, None])
-    if full * group_size < cols:
-        op(weight[:, full * group_size:], per_group[:, full:full + 1])
-
-
-def divided_by_groups(weight: torch.Tensor, per_group: torch.Tensor,
-                      group_size: int) -> torch.Tensor:
-    """A new ``weight / expand(per_group)``: each column divided by its group's value."""
-    out = weight.clone(memory_format=torch.contiguous_format)
-    per_group_(torch.Tensor.div_, out, per_group, group_size)
-    return out
+__all__ = ["QuantLinear"]
 
 
 class QuantLinear(nn.Module, ABC):
     """Weight-only quantized ``nn.Linear``: codes + per-row group scales, activations float.
 
-    Subclasses define the code buffer (``qweight``), :meth:`_codes_into` and
-    :meth:`quantize_rows` (round-to-nearest from a float weight, used by quantize-at-load).
+    Subclasses define the code buffer (``qweight``), :meth:`_codes_into`,
+    :meth:`quantize_rows` (round-to-nearest from a float weight, used by quantize-at-load) and
+    the CPU layout of their codes (:meth:`_cpu_codes`, :meth:`_cpu_values_into`, optionally
+    :meth:`_bag_sums`).
     """
 
     #: What :meth:`_codes_into` writes is the code's value divided by this (a power of two,
     #: folded into the scale, so the dequantised weight is rounded exactly once either way).
     code_unit: ClassVar[float] = 1.0
+    #: What :meth:`_cpu_values_into` has already subtracted from an asymmetric format's codes
+    #: (its zero points are applied as ``zero - cpu_zero_base``).
+    cpu_zero_base: ClassVar[float] = 0.0
 
     #: Format name ("int8", "int4", "fp8"): diagnostics and the kernel names.
     format: ClassVar[str]
@@ -112,6 +79,8 @@ class QuantLinear(nn.Module, ABC):
                                 device=device) if asymmetric else None)
         self.bias = (nn.Parameter(torch.empty(out_features, device=device), requires_grad=False)
                      if bias else None)
+        #: The codes in the CPU layout once :meth:`use_cpu_layout` ran (``qweight`` is None then).
+        self.register_buffer("cpu_codes", None)
 
     # ------------------------------------------------------------------ format specifics
 
@@ -133,6 +102,24 @@ class QuantLinear(nn.Module, ABC):
                       asymmetric: bool) -> dict[str, torch.Tensor]:
         """Round-to-nearest codes / scale (/ zero) of a float ``weight [rows, in]``."""
 
+    @abstractmethod
+    def _cpu_codes(self) -> torch.Tensor:
+        """``qweight`` in the CPU layout: one row per input column (``cpu_layout.py``)."""
+
+    @abstractmethod
+    def _cpu_values_into(self, out: torch.Tensor, col0: int, row0: int, work) -> None:
+        """CPU-layout codes of input columns ``col0...`` into fp32 ``out [cols, rows]``.
+
+        Output rows ``row0...`` (a multiple of 16). The values before zero point (less
+        :attr:`cpu_zero_base`) and scale, divided by :attr:`code_unit`, exactly; ``work`` as
+        for :meth:`_codes_into`.
+        """
+
+    #: ``_bag_sums(weights, indices, offsets) -> [bags, >= out]``: for each bag (a run of
+    #: CPU-layout rows) the sum of ``weights[i] * value(indices[i], :)``, straight from the
+    #: codes (fbgemm's embedding-bag kernels); None where no such kernel exists.
+    _bag_sums = None
+
     # ----------------------------------------------------------------------- public API
 
     def extra_repr(self) -> str:
@@ -143,6 +130,8 @@ class QuantLinear(nn.Module, ABC):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense weight ``[out, in]`` in ``dtype`` (computed in fp32, cast once)."""
+        if self.cpu_codes is not None:
+            return cpu_layout.dequantize(self).to(dtype)
         device = self.qweight.device
         w = torch.empty(self.out_features, self.in_features, device=device)
         self.dequantize_rows_(w, 0, lambda role, numel, dt: torch.empty(numel, dtype=dt,
@@ -170,6 +159,9 @@ class QuantLinear(nn.Module, ABC):
         the on-disk layouts). Returns the number of rows written.
         """
         rows = tensors["scale"].shape[0]
+        if self.qweight is None:
+            raise ValueError("the codes are in the CPU layout already: load before "
+                             "use_cpu_layout()")
         if row0 + rows > self.out_features:
             raise ValueError(f"rows {row0}..{row0 + rows} exceed out_features "
                              f"{self.out_features}")
@@ -192,60 +184,42 @@ class QuantLinear(nn.Module, ABC):
         return self.load_rows(self.quantize_rows(weight.float(), self.group_size,
                                                  self.asymmetric), row0)
 
+    def use_cpu_layout(self) -> None:
+        """Move the codes of this CPU layer to the CPU layout (``cpu_layout.py``), in place.
+
+        The checkpoint loader calls it once all of a CPU layer's rows are in; afterwards
+        ``qweight`` is None and ``cpu_codes`` holds the same codes (plus a few bytes per
+        input column, and asymmetric INT4's zero points), so no extra memory is kept. Scales
+        and zero points keep their shape ``[out, G]`` but are stored group-major, as the
+        decode reads them. Only the CPU path reads that layout.
+        """
+        if self.qweight.device.type != "cpu":
+            raise ValueError(f"the CPU layout is for CPU layers, not {self.qweight.device}")
+        codes = self._cpu_codes()
+        self.qweight = None
+        self.cpu_codes = codes
+        self.scale = self.scale.t().contiguous().t()
+        if self.zero is not None:
+            self.zero = self.zero.t().contiguous().t()
+
     def kernel_supported(self) -> bool:
-        """Whether the CUDA kernels take this shape (else the torch path runs, also on CUDA)."""
-        return (self.in_features % self.chunk == 0 and self.group_size % self.chunk == 0)
+        """Whether the CUDA kernels take this layer: canonical codes of a shape they serve.
+
+        Otherwise the torch path runs, also on CUDA.
+        """
+        return (self.qweight is not None and self.in_features % self.chunk == 0
+                and self.group_size % self.chunk == 0)
 
     def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The torch path: dequantise to ``x``'s dtype, then ``F.linear``.
+        """The torch path: ``F.linear`` over :meth:`dequantize`, or the CPU layout's path.
 
-        On the CPU a tile of rows at a time (:meth:`_cpu_forward`); elsewhere (shapes the
-        CUDA kernels do not take) the whole weight at once.
+        The CPU layout (:meth:`use_cpu_layout`) never builds the dense weight
+        (``cpu_layout.linear``); in the canonical layout this is the kernels' oracle.
         """
+        if self.cpu_codes is not None:
+            return cpu_layout.linear(self, x, self.bias)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        if x.device.type == "cpu":
-            return self._cpu_forward(x, bias)
         return F.linear(x, self.dequantize(x.dtype), bias)
-
-    def _cpu_forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``F.linear(x, self.dequantize(x.dtype), bias)`` by tiles of output rows.
-
-        Each tile of at most ``scratch.TILE_ELEMENTS`` weights is dequantised into this
-        thread's reused buffers and multiplied while it is still in cache, so a call
-        allocates only its output, reads each code once from memory and never holds a dense
-        weight (the old path allocated and wrote three full-size fp32 weights per call: 4-9x
-        slower than float at decode). Every output element is a dot product over the same
-        dequantised values as ``F.linear``'s. Tiles start every 16 rows so that each weight
-        row keeps its 64-byte alignment, on which the BLAS's summation order depends: one-row
-        (decode) results are then bit-identical to ``F.linear``'s; several rows may differ
-        in the last bit where the BLAS blocks a GEMM by the row count.
-        """
-        k, n = self.in_features, self.out_features
-        x2 = x.reshape(-1, k)
-        rows = min(n, max(16, scratch.TILE_ELEMENTS // k // 16 * 16))
-        device = x.device
-
-        def work(role, numel, dtype):
-            return scratch.buffer(role, numel, dtype, device)
-
-        w32 = work("weight", rows * k, torch.float32)
-        cast = work("weight_cast", rows * k, x.dtype) if x.dtype != torch.float32 else None
-        out = None if rows == n else torch.empty(x2.shape[0], n, dtype=x.dtype, device=device)
-        for r0 in range(0, n, rows):
-            r1 = min(n, r0 + rows)
-            w = w32[:(r1 - r0) * k].view(r1 - r0, k)
-            self.dequantize_rows_(w, r0, work)
-            if cast is not None:
-                w = cast[:(r1 - r0) * k].view(r1 - r0, k).copy_(w)
-            b = None if bias is None else bias[r0:r1]
-            if out is None:  # one tile: exactly F.linear
-                return F.linear(x2, w, b).view(*x.shape[:-1], n)
-            # mm / addmm are what F.linear runs for a 2-D input (same kernel, same sums).
-            if b is None:
-                torch.mm(x2, w.t(), out=out[:, r0:r1])
-            else:
-                torch.addmm(b, x2, w.t(), out=out[:, r0:r1])
-        return out.view(*x.shape[:-1], n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b`` for ``x [..., in]`` in any float dtype."""

@@ -44,6 +44,7 @@ class QuantPlan:
         self.layers = layers
         self.description = description
         self._pending: dict[str, dict[str, torch.Tensor]] = {}
+        self._rows: dict[QuantLinear, int] = {}  # rows loaded per layer (merged: all parts)
 
     def tensor_role(self, key: str) -> tuple[str, str] | None:
         """``(checkpoint layer, tensor suffix)`` when ``key`` belongs to a quantized layer."""
@@ -57,7 +58,8 @@ class QuantPlan:
             layer: QuantLinear, row0: int = 0) -> bool:
         """Collect one tensor; load the layer's rows once all its tensors are in.
 
-        Returns True when the layer part was loaded.
+        A CPU layer whose rows are all in moves to the CPU layout
+        (``QuantLinear.use_cpu_layout``). Returns True when the layer part was loaded.
         """
         lq = self.layers[module]
         want = lq.tensors
@@ -70,9 +72,12 @@ class QuantPlan:
             return False
         del self._pending[module]
         try:
-            lq.storage.load(got, layer, row0)
+            rows = lq.storage.load(got, layer, row0)
         except ValueError as e:
             raise ModelLoadError(f"{module}: {e}") from None
+        self._rows[layer] = self._rows.get(layer, 0) + rows
+        if self._rows[layer] == layer.out_features and layer.qweight.device.type == "cpu":
+            layer.use_cpu_layout()
         return True
 
 

@@ -56,8 +56,11 @@ class CheckpointFormat(ABC):
         """The tensor suffixes one layer (one part of a merged layer) needs to load."""
 
     @abstractmethod
-    def load(self, tensors: dict[str, torch.Tensor], layer: QuantLinear, row0: int) -> None:
-        """Fill rows ``row0...`` of ``layer`` from a part's ``tensors`` (``ValueError``: bad)."""
+    def load(self, tensors: dict[str, torch.Tensor], layer: QuantLinear, row0: int) -> int:
+        """Fill rows ``row0...`` of ``layer`` from a part's ``tensors``; returns the row count.
+
+        ``ValueError``: the tensors do not fit the layer.
+        """
 
     def layers(self, model_dir: Path, qc: dict, keys: list[str],
                linears: dict[str, str]) -> dict[str, "LayerQuant"]:
@@ -120,7 +123,7 @@ class QuantizeAtLoad(CheckpointFormat):
 
     def load(self, tensors, layer, row0):
         """Quantize the part's weight into its rows."""
-        layer.quantize_from(tensors["weight"].to(layer.qweight.device), row0)
+        return layer.quantize_from(tensors["weight"].to(layer.qweight.device), row0)
 
     def layer(self, cls: type[QuantLinear], asymmetric: bool) -> LayerQuant:
         """How a float layer is quantized into ``cls`` (the class's own at-load group)."""
@@ -172,7 +175,7 @@ class PackQuantized(CheckpointFormat):
             zp = t["weight_zero_point"]
             # Packed along the output dim, as unsigned q + 2^(bits-1): our zero point domain.
             out["zero"] = _unpack_dense(zp.t().contiguous(), layer.bits, rows).t().contiguous()
-        layer.load_rows(out, row0)
+        return layer.load_rows(out, row0)
 
     def layers(self, model_dir, qc, keys, linears):
         """The config's groups matched against the layers; the packed tensors must agree."""
@@ -241,7 +244,7 @@ class BlockFp8(CheckpointFormat):
         if tuple(scales.shape) != grid:
             raise ValueError(f"weight_scale_inv has shape {list(scales.shape)}, 128x128 blocks "
                              f"of {[rows, cols]} need {list(grid)}")
-        layer.load_rows({"qweight": w.view(torch.uint8),
+        return layer.load_rows({"qweight": w.view(torch.uint8),
                          "scale": block_scales_to_rows(scales, rows)}, row0)
 
     def layers(self, model_dir, qc, keys, linears):

@@ -11,7 +11,8 @@ projections whose sizes are not multiples of 128 still concatenate.
 
 import torch
 
-from .base import QuantLinear, abs_max, divided_by_groups, grouped
+from .base import QuantLinear
+from .groups import abs_max, divided_by_groups, grouped
 
 __all__ = ["BLOCK", "E4M3_MAX", "Fp8Linear", "block_scales_to_rows"]
 
@@ -22,6 +23,23 @@ E4M3_MAX = 448.0
 def block_scales_to_rows(block_scales: torch.Tensor, rows: int) -> torch.Tensor:
     """``[ceil(rows / 128), G]`` block scales -> ``[rows, G]`` fp32 (one row per weight row)."""
     return block_scales.float().repeat_interleave(BLOCK, dim=0)[:rows]
+
+
+def _decode_into(out: torch.Tensor, codes: torch.Tensor, work) -> None:
+    """e4m3 bits ``codes`` (uint8) -> their values / 2^8 in fp32 ``out``, exactly.
+
+    torch's e4m3 -> fp32 cast runs one element at a time on the CPU (~5 ns each, 20x a float
+    copy). Moving the bits instead: s.eeee.mmm -> fp16 s.0eeee.mmm0000000 is the code's value
+    / 2^8 for every finite code, subnormals included (they become fp16 subnormals, which the
+    fp16 -> fp32 conversion keeps under flush-to-zero too). NaN codes (0x7f, 0xff) are not
+    produced by quantizers and are not special-cased, as in cuda_kernels/quant_linear.cu.
+    """
+    signed = codes.view(torch.int8)
+    half = work("codes", signed.numel(), torch.int16).view(signed.shape).copy_(signed)
+    # The sign-extended int8 times 2^7 (a shift, faster as a multiply here) has the sign in
+    # bits 15 and 14: clear bit 14.
+    half.mul_(128).bitwise_and_(~0x4000)
+    out.copy_(half.view(torch.float16))
 
 
 class Fp8Linear(QuantLinear):
@@ -45,17 +63,14 @@ class Fp8Linear(QuantLinear):
     code_unit = 256.0
 
     def _codes_into(self, out, row0, work):
-        # torch's e4m3 -> fp32 cast runs one element at a time on the CPU (~5 ns each, 20x a
-        # float copy). Moving the bits instead: s.eeee.mmm -> fp16 s.0eeee.mmm0000000 is the
-        # code's value / 2^8 for every finite code, subnormals included (they become fp16
-        # subnormals, which the fp16 -> fp32 conversion keeps under flush-to-zero too). NaN
-        # codes (0x7f, 0xff) are not produced by quantizers and are not special-cased, as in
-        # cuda_kernels/quant_linear.cu.
-        codes = self.qweight[row0:row0 + out.shape[0]].view(torch.int8)
-        half = work("codes", codes.numel(), torch.int16).view(codes.shape).copy_(codes)
-        # The sign-extended int8 shifted by 7 has the sign in bits 15 and 14: clear bit 14.
-        half.bitwise_left_shift_(7).bitwise_and_(~0x4000)
-        out.copy_(half.view(torch.float16))
+        _decode_into(out, self.qweight[row0:row0 + out.shape[0]], work)
+
+    def _cpu_codes(self):
+        return self.qweight.t().contiguous()
+
+    def _cpu_values_into(self, out, col0, row0, work):
+        cols, rows = out.shape
+        _decode_into(out, self.cpu_codes[col0:col0 + cols, row0:row0 + rows], work)
 
     @classmethod
     def quantize_rows(cls, weight, group_size, asymmetric):

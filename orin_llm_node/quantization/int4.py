@@ -10,11 +10,15 @@ in bits ``4i..4i+3`` -- the layout compressed-tensors' "pack-quantized" format w
 
 import torch
 
-from .base import QuantLinear, abs_max, divided_by_groups, grouped, per_group_
+from .base import QuantLinear
+from .groups import abs_max, divided_by_groups, grouped, per_group_
 
 __all__ = ["Int4Linear", "pack_int4", "unpack_int4"]
 
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+#: The fp16 scale 1 and offset -8 ending each CPU-layout row: fbgemm's 4-bit rows hold the
+#: nibbles ``u`` and give ``1 * u - 8`` (the zero point of symmetric codes).
+_ROW_TAIL = torch.tensor([1.0, -8.0], dtype=torch.float16).view(torch.uint8)
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
@@ -38,6 +42,20 @@ def unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
     return u.flatten(-2)[..., :cols].to(torch.uint8)
 
 
+def _nibbles(packed: torch.Tensor, work) -> torch.Tensor:
+    """Bytes ``[rows, b]`` of two nibbles each (low first) -> uint8 nibbles ``[rows, 2b]``.
+
+    Each byte's nibbles are spread into the two bytes of an int16 (little-endian: the low
+    nibble in the low byte) -- four passes over int16 in place of eight shifts over int32 and
+    a gather. The result is a view of ``work``'s buffers.
+    """
+    pairs = work("codes", packed.numel(), torch.int16).view(packed.shape).copy_(packed)
+    shifted = work("codes_shifted", packed.numel(), torch.int16).view(packed.shape)
+    torch.bitwise_left_shift(pairs, 4, out=shifted)
+    pairs.bitwise_or_(shifted).bitwise_and_(0x0F0F)
+    return pairs.view(torch.uint8)
+
+
 class Int4Linear(QuantLinear):
     """``qweight`` int32 ``[out, ceil(in / 8)]``; ``scale [out, G]``; ``zero`` uint8 if asym."""
 
@@ -54,19 +72,43 @@ class Int4Linear(QuantLinear):
         return torch.empty(self.out_features, -(-self.in_features // 8), dtype=torch.int32,
                            device=device)
 
+    #: The CPU layout's values are ``u - 8``; zero points are applied as ``z - 8``.
+    cpu_zero_base = 8.0
+
     def _codes_into(self, out, row0, work):
         rows, cols = out.shape
         packed = self.qweight[row0:row0 + rows].view(torch.uint8)  # byte j: nibbles 2j, 2j+1
-        # Spread each byte's two nibbles into the two bytes of an int16 (little-endian: the
-        # low nibble, element 2j, in the low byte) -- four passes over int16 in place of
-        # eight shifts over int32 and a gather.
-        pairs = work("codes", packed.numel(), torch.int16).view(packed.shape).copy_(packed)
-        shifted = work("codes_shifted", packed.numel(), torch.int16).view(packed.shape)
-        torch.bitwise_left_shift(pairs, 4, out=shifted)
-        pairs.bitwise_or_(shifted).bitwise_and_(0x0F0F)
-        out.copy_(pairs.view(torch.uint8)[:, :cols])
+        out.copy_(_nibbles(packed, work)[:, :cols])
         if not self.asymmetric:
             out.sub_(8.0)
+
+    def _cpu_codes(self):
+        # Asymmetric layers append one row per group holding its zero points: summed into
+        # the group's first bag with weight -sum(x over the group), they subtract z - 8 in
+        # the kernel itself (cpu_layout._bags).
+        def work(role, numel, dtype):
+            return torch.empty(numel, dtype=dtype)
+
+        nibbles = _nibbles(self.qweight.view(torch.uint8), work)[:, :self.in_features]
+        u = nibbles.t().contiguous()  # [in, out]: torch's blocked transpose, then dense ops
+        if self.zero is not None:
+            u = torch.cat([u, self.zero.t()])
+        if self.out_features % 2:  # fbgemm's 4-bit rows hold an even number of codes
+            u = torch.nn.functional.pad(u, (0, 1))
+        half = u.shape[1] // 2
+        rows = torch.empty(u.shape[0], half + _ROW_TAIL.numel(), dtype=torch.uint8)
+        torch.bitwise_or(u[:, 0::2], u[:, 1::2] << 4, out=rows[:, :half])  # low nibble first
+        rows[:, half:] = _ROW_TAIL
+        return rows
+
+    def _cpu_values_into(self, out, col0, row0, work):
+        cols, rows = out.shape
+        packed = self.cpu_codes[col0:col0 + cols, row0 // 2:(row0 + rows + 1) // 2]
+        out.copy_(_nibbles(packed, work)[:, :rows]).sub_(8.0)
+
+    def _bag_sums(self, weights, indices, offsets):
+        return torch.ops.quantized.embedding_bag_4bit_rowwise_offsets(
+            self.cpu_codes, indices, offsets, per_sample_weights=weights)
 
     @classmethod
     def quantize_rows(cls, weight, group_size, asymmetric):

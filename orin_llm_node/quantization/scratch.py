@@ -2,14 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """The reusable work buffers of the quantized linears' CPU path (one small set per thread).
 
-The CPU path (``QuantLinear.torch_forward`` on a CPU tensor) dequantises a layer a tile of
-rows at a time into these buffers and multiplies each tile at once, so a decode step never
-allocates a dense weight and the dense tile is still in cache when the matmul reads it. A tile
-holds at most :data:`TILE_ELEMENTS` weights: the buffers of one thread take ``TILE_ELEMENTS``
-x (4 bytes fp32 tile + 2 bytes codes work, + 2 for the shifted nibbles of INT4, + 2 for a
-bf16/fp16 copy when the activations are not fp32), at most 10 MiB whatever the model size.
-They grow to the largest tile requested and are kept for the thread's life (the engine's
-worker thread; a new worker gets its own set), so a step allocates only its outputs.
+The CPU path (``cpu_layout.py``) decodes codes into these buffers where it needs float
+values at all: FP8 decode (a tile of whole 128-column groups) and prefill (a chunk of output
+rows, dequantised, then one GEMM), so a step never allocates a dense weight and the tile is
+still in cache when the matmul reads it. INT8 / INT4 decode needs none (fbgemm's bag kernels
+read the codes). A tile holds at most :data:`TILE_ELEMENTS` weights, or one group of a
+layer's outputs where that is more (FP8 on layers wider than 8192 outputs): the buffers of
+one thread take 4 bytes (fp32 tile) + 2 (int16 codes work) + 2 (INT4's shifted nibbles)
+per tile element. They grow to the largest tile requested and are kept for the thread's
+life (the engine's worker thread; a new worker gets its own set), so a step allocates only
+its outputs.
 """
 
 import threading
@@ -19,9 +21,9 @@ import torch
 
 __all__ = ["TILE_ELEMENTS", "buffer", "held_bytes"]
 
-#: Weights per dequantised tile: 4 MiB of fp32, inside a last-level cache (L2 tiles of
-#: 2^17..2^18 were within noise on a 2-core x86 and pay ~4x the per-op overhead, which
-#: dominates when the cores are oversubscribed; bench/quant_cpu.py).
+#: Weights per dequantised tile: 4 MiB of fp32, inside a last-level cache (L2-sized FP8
+#: tiles of 2^16..2^18 were 1.4-2.2x slower per weight on a 2-core x86: the per-op
+#: overhead and strided code reads outweigh the cache).
 TILE_ELEMENTS = 1 << 20
 
 _local = threading.local()
