@@ -31,6 +31,7 @@ from orin_llm_node.processing import (
 )
 from orin_llm_node.quantization import model_weight_bytes
 
+from .answer_shape import AnswerShape
 from .block_pool import BlockPool
 from .config import EngineConfig, SamplingParams
 from .conversation import Conversation
@@ -90,6 +91,13 @@ class ChatResult:
     incomplete and never valid) and ``parsed``: the answer's JSON value when valid (``None``
     for a regex; see ``structured.parse_answer`` for numbers beyond a float's range).
     Unconstrained answers keep ``valid = None``.
+
+    Tools (``SamplingParams.tools``): ``tool_calls`` holds the answer's calls, ``[{id, name,
+    arguments}]`` (``arguments`` a dict that follows the tool's schema), and ``finish_reason``
+    is ``"tool_calls"`` when the answer ends on them; ``text`` is the whole answer, the calls'
+    markup included. Grounding (``SamplingParams.detect``): ``detections`` holds ``[{label,
+    bbox_2d, bbox}]``, the model's 0-1000 box and the same box in the caller's frame's pixels
+    (``processing/grounding.py``).
     """
 
     text: str
@@ -106,6 +114,8 @@ class ChatResult:
     error: str | None = None
     valid: bool | None = None
     parsed: object = None
+    tool_calls: list[dict] = field(default_factory=list)
+    detections: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -239,13 +249,14 @@ class LLMEngine:
         """
         self._grammar_for(check_response_format(response_format))
 
-    def _system_piece(self, system_prompt):
-        if system_prompt is None:
+    def _system_piece(self, system_prompt, tools=None):
+        if system_prompt is None and tools is None:
             return self.prompts.system_piece(None)
-        _check_text("system prompt", system_prompt)
-        piece = self.prompts.system_piece(system_prompt)
+        if system_prompt is not None:
+            _check_text("system prompt", system_prompt)
+        piece = self.prompts.system_piece(system_prompt, tools)
         shortest = len(piece.token_ids) + len(
-            self.prompts.user_turn(piece.messages, "", []).token_ids)
+            self.prompts.user_turn(piece.messages, "", [], tools=tools).token_ids)
         if shortest >= self.config.max_model_len:
             raise ValueError(
                 f"the system prompt takes {len(piece.token_ids)} tokens: with the shortest user "
@@ -329,22 +340,30 @@ class LLMEngine:
         return EngineStats(**asdict(self.kv.stats()), vision_cache_hits=self.vision_cache.hits,
                            vision_cache_misses=self.vision_cache.misses)
 
-    def chat(self, conv: Conversation, text, images=None,
-             sampling: SamplingParams | None = None, *, videos=None) -> ChatResult:
+    def chat(self, conv: Conversation, text=None, images=None,
+             sampling: SamplingParams | None = None, *, videos=None,
+             tool_results=None) -> ChatResult:
         """Answer a user message in ``conv``; see ``ChatResult``.
 
         The message is ``images`` (RGB uint8 ``H x W x 3`` arrays), then ``videos``
         (``VideoClip``s), then ``text``, as the chat template renders a content list. ``text``
         may also be a list of parts -- ``str``, image arrays, ``VideoClip``s -- rendered in
         that order (e.g. ``["front camera:", img1, "wrist camera:", img2, "What moved?"]``).
+
+        ``tool_results`` (``[{"id", "content"}]``, content a ``str`` or a list of parts as
+        ``text``) answer the calls of the conversation's last answer: rendered as the template
+        renders tool responses, in the calls' order, before the message (``text`` may then be
+        None: no message). ``SamplingParams.detect`` without ``text`` asks its grounding
+        prompt; its turn holds exactly one image.
         """
         result = None
-        for event in self.chat_stream(conv, text, images, sampling, videos=videos):
+        for event in self.chat_stream(conv, text, images, sampling, videos=videos,
+                                      tool_results=tool_results):
             result = event.result
         return result
 
-    def chat_stream(self, conv: Conversation, text, images=None,
-                    sampling: SamplingParams | None = None, *, videos=None):
+    def chat_stream(self, conv: Conversation, text=None, images=None,
+                    sampling: SamplingParams | None = None, *, videos=None, tool_results=None):
         """Like ``chat``, yielding ``StreamEvent``s with text deltas; the last carries the result.
 
         Invalid input (text, images, clips, sampling values, a ``response_format`` the library
@@ -358,22 +377,25 @@ class LLMEngine:
         engine from its first step to its end (or ``close()``): see the module docstring.
         """
         with self._guard.hold("chat_stream"):
-            yield from self._chat_stream(conv, text, images, sampling, videos)
+            yield from self._chat_stream(conv, text, images, sampling, videos, tool_results)
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _chat_stream(self, conv, text, images, sampling, videos):
+    def _chat_stream(self, conv, text, images, sampling, videos, tool_results):
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
         if isinstance(text, (list, tuple)):  # interleaved parts: text, images, clips
-            parts = list(text)
-            for part in parts:
+            for part in text:
                 if isinstance(part, str):
                     _check_text("text", part)
-        else:
+        elif text is not None:  # None: no message (AnswerShape says when that is wrong)
             _check_text("text", text)
-            parts = [text]
+        for result in tool_results if isinstance(tool_results, (list, tuple)) else []:
+            content = result.get("content") if isinstance(result, dict) else None
+            for part in content if isinstance(content, (list, tuple)) else [content]:
+                if isinstance(part, str):
+                    _check_text("tool result", part)
         if isinstance(images, np.ndarray):
             raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
                              "array (pass [image])")
@@ -383,23 +405,37 @@ class LLMEngine:
         for clip in videos or []:
             if not isinstance(clip, VideoClip):
                 raise ValueError(f"videos must hold VideoClips, got {type(clip).__name__}")
-        grammar = self._grammar_for(sampling.response_format)
-        # Built first: SamplingParams is a plain dataclass, a value changed after construction
-        # is checked here, before the turn opens.
-        sampler = Sampler(sampling, self.device, self._banned, grammar)
-        turn = self.prompts.user_turn(conv.messages(), parts, list(images or []),
-                                      list(videos or []))
+        # SamplingParams is a plain dataclass: a value changed after construction is checked
+        # here, before the turn opens.
+        sampling.validate()
+        shape = AnswerShape.build(conv, text, images, sampling, tool_results, self._grammar_for,
+                                  self._index_vocabulary, self.tokenizer)
+        sampler = Sampler(sampling, self.device, self._banned, shape.grammar)
+        system = None
+        if shape.tools_changed:
+            system = self._system_piece(conv.system_prompt, shape.tools)
+        turn = self.prompts.user_turn(conv.messages(), shape.text, list(images or []),
+                                      list(videos or []), tools=shape.tools,
+                                      tool_results=shape.tool_results)
         before = conv.checkpoint()
         try:
+            if system is not None:  # other tools: a new system turn (the cache misses from it)
+                self.kv.release(conv)
+                conv.replace_system(system, shape.tools)
             plan = self.kv.admit(conv, turn, sampling.max_tokens)
         except BaseException:
             self._roll_back(conv, before)
             raise
         if plan.refused:
-            yield StreamEvent("", result=self._refused(conv, turn, plan))
+            result = self._refused(conv, turn, plan)
+            if system is not None:
+                self._roll_back(conv, before)
+            yield StreamEvent("", result=result)
             return
         state = _TurnState(t0, conv.num_kv_tokens, plan.drop)
-        state.response_format, state.grammar = sampling.response_format, grammar
+        state.shape = shape
+        if shape.tool_calls is None:
+            state.response_format, state.grammar = shape.response_format, shape.grammar
         try:
             yield from self._generate(conv, sampler, state, turn.pixel_values)
         except GrammarDeadEnd as exc:
@@ -560,10 +596,12 @@ class LLMEngine:
                 parsed = parse_answer(state.response_format, text) if valid else None
             except ValueError as exc:
                 state.finish, state.error, valid = FinishReason.ERROR, str(exc), False
+        out = state.shape.outcome(state.finish, text, parsed, self.tokenizer.eos_ids)
+        state.finish, state.error = out.finish, state.error or out.error
         if state.finish == FinishReason.ERROR:
             self._roll_back(conv, before)
         else:
-            conv.close_turn(text, self.tokenizer.im_end_id)
+            conv.close_turn(out.content, self.tokenizer.im_end_id, out.tool_calls)
             self.kv.finish(conv)
         gen = state.token_ids
         decode_s = state.t_last - state.t_first
@@ -582,6 +620,8 @@ class LLMEngine:
             error=state.error,
             valid=valid,
             parsed=parsed,
+            tool_calls=out.tool_calls,
+            detections=out.detections,
         )
 
     def _roll_back(self, conv: Conversation, before) -> None:
@@ -627,6 +667,7 @@ class _TurnState:
         self.vision_s = 0.0
         self.response_format: dict | None = None
         self.grammar = None  # structured.Grammar of a constrained answer
+        self.shape: AnswerShape | None = None
         self.tail = ""
         self.error: str | None = None
         self.result: ChatResult | None = None
