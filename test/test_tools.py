@@ -18,6 +18,7 @@ import shutil
 
 from _engine_reference import Reference, random_image
 import jsonschema
+import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 import torch
@@ -342,3 +343,66 @@ def test_a_checkpoint_without_tool_tokens_refuses_tools(tmp_path, tiny_ckpt):
     conv = eng.new_conversation()
     with pytest.raises(ValueError, match='cannot call tools'):
         eng.chat(conv, 'x', sampling=SamplingParams(tools=TOOLS))
+
+
+def test_graph_decode_applies_each_steps_call_mask_like_eager(eager):
+    """The decode graph's pick reads the mask written for its step: free, inside a call, free.
+
+    Two runners over the emulated attention kernels (graph-safe, as on a GPU), one replaying
+    the CPU stand-in of a CUDA graph (test/cpu_graphs.py), give the same tokens. In ``auto``
+    the model is made to open a call at the third step, so the masks switch from free to the
+    call's grammar and back within one answer.
+    """
+    import kernel_emulator
+    if not kernel_emulator.compiler_available():
+        pytest.skip('g++ is needed to build the kernel emulator')
+    from cpu_graphs import CpuGraphCapture
+
+    from orin_llm_node.attention.cuda_backend import CudaPagedAttention
+    from orin_llm_node.engine.cuda_graph import CudaGraphDecode
+    from orin_llm_node.engine.model_runner import ModelRunner
+    from orin_llm_node.engine.sampler import Sampler
+    from orin_llm_node.engine.tool_calls import ToolCalls
+    from orin_llm_node.processing.tools import check_tool_choice, check_tools
+
+    tc, cpu = eager.model.config.text, torch.device('cpu')
+    open_id = eager.tokenizer.added_token_id('<tool_call>')
+
+    def runner(graph):
+        r = ModelRunner(eager.model, 8, 16, 128, cpu, torch.float32)
+        r.attn = CudaPagedAttention(r.kv_cache, tc.num_attention_heads, 128,
+                                    launch=kernel_emulator.emulated_launch('float32',
+                                                                           tc.head_dim))
+        r.attn.warmup()
+        if graph:
+            r.decode_graph = CudaGraphDecode(r)
+            r.decode_graph.capturer = CpuGraphCapture()
+        return r
+
+    def answer(r, choice, temperature):
+        tools = check_tools(TOOLS)
+        calls = ToolCalls(tools, check_tool_choice(choice, tools), eager._index_vocabulary(),
+                          eager.tokenizer)
+        sampler = Sampler(SamplingParams(temperature=temperature, seed=5), cpu, eager._banned,
+                          calls)
+        prompt, table = list(range(40, 52)), [3, 7, 1, 6, 5]
+        token = sampler(r.prefill(prompt, np.tile(np.arange(12), (3, 1)), table, 0))
+        tokens = []
+        for step in range(36):
+            if choice == 'auto' and step == 2:
+                token = open_id  # as if the model had picked it
+            sampler.accept(token)
+            tokens.append(token)
+            if token in eager.tokenizer.eos_ids:
+                break
+            context = len(prompt) + step + 1
+            token = r.decode_sample(token, context - 1, table, context, sampler)
+        return tokens, calls
+
+    plain, graphed = runner(False), runner(True)
+    for choice, temperature in (('auto', 0.0), ('auto', 1.0), ('required', 1.0)):
+        want, _ = answer(plain, choice, temperature)
+        got, calls = answer(graphed, choice, temperature)
+        assert got == want, (choice, temperature)
+        assert calls.calls() or len(got) == 36  # a closed call, or the steps ran out
+    assert graphed.decode_graph.captures == 1
