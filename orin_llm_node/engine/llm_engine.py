@@ -29,6 +29,7 @@ from orin_llm_node.processing import (
     VideoProcessor,
     VideoRef,
 )
+from orin_llm_node.processing.tools import check_tool_choice, check_tools
 from orin_llm_node.quantization import model_weight_bytes
 
 from .answer_shape import AnswerShape
@@ -49,6 +50,7 @@ from .structured import (
     structured_available,
 )
 from .thread_guard import SingleThreadGuard
+from .tool_calls import ToolCalls
 from .vision_cache import VisionCache
 
 __all__ = ["ChatResult", "EngineStats", "LLMEngine", "StreamEvent"]
@@ -248,6 +250,18 @@ class LLMEngine:
         indexed; each call compiles a fresh matcher and touches no engine state).
         """
         self._grammar_for(check_response_format(response_format))
+
+    def check_tools(self, tools, tool_choice=None) -> None:
+        """Raise ``ValueError`` saying why ``tools`` (with ``tool_choice``) cannot be offered.
+
+        The checks a turn makes before it opens: the shapes (``processing/tools.py``), this
+        checkpoint's tool tokens, the tools' text, every tool's schema compiled against the
+        vocabulary. Any thread may call it, as ``check_response_format``.
+        """
+        tools = check_tools(tools)
+        choice = check_tool_choice(tool_choice, tools)
+        if tools is not None:
+            ToolCalls(tools, choice, self._index_vocabulary(), self.tokenizer)
 
     def _system_piece(self, system_prompt, tools=None):
         if system_prompt is None and tools is None:
