@@ -36,7 +36,7 @@ class RowScaledInt8(CheckpointFormat):
         return frozenset({"weight", "weight_scale"})
 
     def load(self, tensors, layer, row0):
-        layer.load_rows({"qweight": tensors["weight"], "scale": tensors["weight_scale"]}, row0)
+        return layer.load_rows({"qweight": tensors["weight"], "scale": tensors["weight_scale"]}, row0)
 
     def layers(self, model_dir, qc, keys, linears):
         lq = LayerQuant(Int8Linear, None, False, self)

@@ -11,6 +11,8 @@ import torch
 
 from orin_llm_node import package_files
 from orin_llm_node.kernels.backend_factory import ATTENTION_BACKENDS
+from orin_llm_node.processing.grounding import check_detect
+from orin_llm_node.processing.tools import check_tool_choice, check_tools
 from orin_llm_node.quantization import AT_LOAD_FORMATS
 
 from .structured import check_response_format
@@ -193,6 +195,14 @@ class SamplingParams:
     ``{"type": "json_object"}``, ``{"type": "json_schema", "schema": {...}}`` or
     ``{"type": "regex", "pattern": "..."}``; the grammar then also decides where the answer
     ends, so it cannot be combined with ``ignore_eos``.
+
+    ``tools`` (OpenAI function definitions) are rendered in the conversation's system turn and
+    ``tool_choice`` (``"auto"``, the default; ``"required"``, ``"none"`` or a named tool) says
+    whether and which the answer calls; every call follows its tool's schema
+    (``processing/tools.py``, ``engine/tool_calls.py``). ``detect`` (a list of labels or a
+    phrase) asks for grounding boxes (``processing/grounding.py``). Each of ``response_format``,
+    ``tools`` and ``detect`` shapes the answer, so at most one of them is set, and none with
+    ``ignore_eos``.
     """
 
     max_tokens: int = 256
@@ -203,6 +213,9 @@ class SamplingParams:
     ignore_eos: bool = False
     timeout_s: float | None = None
     response_format: dict | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    detect: list[str] | str | None = None
 
     def __post_init__(self):
         self.validate()
@@ -230,6 +243,14 @@ class SamplingParams:
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 when set, got {self.timeout_s!r}")
         self.response_format = check_response_format(self.response_format)
-        if self.response_format is not None and self.ignore_eos:
-            raise ValueError("ignore_eos cannot be combined with response_format (the grammar "
+        self.tools = check_tools(self.tools)
+        check_tool_choice(self.tool_choice, self.tools)
+        self.detect = check_detect(self.detect)
+        shaping = [name for name in ("response_format", "tools", "detect")
+                   if getattr(self, name) is not None]
+        if len(shaping) > 1:
+            raise ValueError(f"{' and '.join(shaping)} cannot be combined (each shapes the "
+                             "answer)")
+        if shaping and self.ignore_eos:
+            raise ValueError(f"ignore_eos cannot be combined with {shaping[0]} (the grammar "
                              "decides where the answer ends)")

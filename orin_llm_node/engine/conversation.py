@@ -34,6 +34,7 @@ class Conversation:
         self._segments = [_Segment(list(system.messages), len(system.token_ids),
                                    list(system.media))]
         self.kv = kv  # its KVCacheManager's KVBlocks: written by the manager only
+        self._tools = None  # the tools its system turn renders
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -56,6 +57,24 @@ class Conversation:
     def num_turns(self) -> int:
         """User turns in the history (the system prompt excluded)."""
         return len(self._segments) - 1
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The system prompt's text (None: none)."""
+        messages = self._segments[0].messages
+        return messages[0]["content"] if messages else None
+
+    @property
+    def tools(self) -> list[dict] | None:
+        """The tools its system turn renders (None: none); see :meth:`replace_system`."""
+        return self._tools
+
+    def pending_tool_calls(self) -> list[dict]:
+        """The calls of the last answer (OpenAI ``tool_calls`` entries; empty when none)."""
+        messages = self._segments[-1].messages if len(self._segments) > 1 else []
+        if messages and messages[-1]["role"] == "assistant":
+            return list(messages[-1].get("tool_calls", []))
+        return []
 
     def turn_lengths(self) -> list[int]:
         """Tokens of the system prompt, then of each turn, oldest first."""
@@ -103,15 +122,38 @@ class Conversation:
         self._token_ids.append(token_id)
         self._segments[-1].num_tokens += 1
 
-    def close_turn(self, answer: str, end_id: int) -> None:
-        """End the open turn with ``answer``; its ids end with ``end_id`` (<|im_end|>)."""
+    def close_turn(self, answer: str, end_id: int, tool_calls=None) -> None:
+        """End the open turn with ``answer``; its ids end with ``end_id`` (<|im_end|>).
+
+        ``tool_calls``: the answer's calls (``[{id, name, arguments}]``); the message then
+        holds them as OpenAI's ``tool_calls`` and ``answer`` is the text outside them.
+        """
         if self._token_ids[-1] != end_id:
             self.append_token(end_id)
-        self._segments[-1].messages.append({"role": "assistant", "content": answer})
+        message = {"role": "assistant", "content": answer}
+        if tool_calls:
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in tool_calls]
+        self._segments[-1].messages.append(message)
+
+    def replace_system(self, system: PromptPiece, tools) -> None:
+        """Put ``system`` (rendered with ``tools``) in place of the system turn; turns stay.
+
+        The KV blocks must have been released first: every later block's hash chains over it.
+        """
+        if self.kv.ids:
+            raise RuntimeError("release the conversation's blocks before rewriting its history")
+        old = self._segments[0].num_tokens
+        self._token_ids = [*system.token_ids, *self._token_ids[old:]]
+        self._segments = [_Segment(list(system.messages), len(system.token_ids),
+                                   list(system.media)), *self._segments[1:]]
+        self._tools = tools
 
     def checkpoint(self) -> tuple:
         """The history as it is now, for :meth:`restore` (the turns in it are never changed)."""
-        return list(self._token_ids), list(self._segments)
+        return list(self._token_ids), list(self._segments), self._tools
 
     def restore(self, checkpoint: tuple) -> None:
         """Go back to ``checkpoint``'s history (turns opened since gone, dropped ones back).
@@ -120,7 +162,7 @@ class Conversation:
         """
         if self.kv.ids:
             raise RuntimeError("release the conversation's blocks before rewriting its history")
-        tokens, segments = checkpoint
+        tokens, segments, self._tools = checkpoint
         self._token_ids, self._segments = list(tokens), list(segments)
 
     def drop_oldest(self, num_turns: int) -> None:

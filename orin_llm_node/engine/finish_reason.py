@@ -7,6 +7,8 @@ class FinishReason:
     """Plain string constants (they go into logs and diagnostics as they are)."""
 
     STOP = "stop"                  # a stop token was sampled
+    TOOL_CALLS = "tool_calls"      # a stop token was sampled right after the answer's last
+                                   # tool call (ChatResult.tool_calls)
     LENGTH = "length"              # SamplingParams.max_tokens reached
     KV_EXHAUSTED = "kv_exhausted"  # the KV pool ran dry (answer truncated or prompt rejected)
     CONTEXT_FULL = "context_full"  # max_model_len reached, or the prompt alone exceeds it

@@ -26,8 +26,10 @@ from orin_llm_node.processing import (
     Tokenizer,
     VideoProcessor,
 )
+from orin_llm_node.processing.tools import check_tool_choice, check_tools
 from orin_llm_node.quantization import model_weight_bytes
 
+from .answer_shape import AnswerShape
 from .block_pool import BlockPool
 from .config import EngineConfig, SamplingParams
 from .conversation import Conversation
@@ -43,7 +45,8 @@ from .structured import (
     structured_available,
 )
 from .thread_guard import SingleThreadGuard
-from .turn import ChatResult, StreamEvent, TurnLoop, TurnState, check_text, message_parts
+from .tool_calls import ToolCalls
+from .turn import ChatResult, StreamEvent, TurnLoop, TurnState, check_message, check_text
 from .vision_cache import VisionCache
 from .warmup import COMMON_FRAME_SIZES, throwaway_turn, vision_grids
 
@@ -214,13 +217,27 @@ class LLMEngine:
         self._guard.peek_closed("check_response_format")
         self._grammar_for(check_response_format(response_format))
 
-    def _system_piece(self, system_prompt):
-        if system_prompt is None:
+    def check_tools(self, tools, tool_choice=None) -> None:
+        """Raise ``ValueError`` saying why ``tools`` (with ``tool_choice``) cannot be offered.
+
+        The checks a turn makes before it opens: the shapes (``processing/tools.py``), this
+        checkpoint's tool tokens, the tools' text, every tool's schema compiled against the
+        vocabulary. Any thread may call it, as ``check_response_format``.
+        """
+        self._guard.peek_closed("check_tools")
+        tools = check_tools(tools)
+        choice = check_tool_choice(tool_choice, tools)
+        if tools is not None:
+            ToolCalls(tools, choice, self._index_vocabulary(), self.tokenizer)
+
+    def _system_piece(self, system_prompt, tools=None):
+        if system_prompt is None and tools is None:
             return self.prompts.system_piece(None)
-        check_text("system prompt", system_prompt)
-        piece = self.prompts.system_piece(system_prompt)
+        if system_prompt is not None:
+            check_text("system prompt", system_prompt)
+        piece = self.prompts.system_piece(system_prompt, tools)
         shortest = len(piece.token_ids) + len(
-            self.prompts.user_turn(piece.messages, "", []).token_ids)
+            self.prompts.user_turn(piece.messages, "", [], tools=tools).token_ids)
         if shortest >= self.config.max_model_len:
             raise ValueError(
                 f"the system prompt takes {len(piece.token_ids)} tokens: with the shortest user "
@@ -307,22 +324,30 @@ class LLMEngine:
         return EngineStats(**asdict(self.kv.stats()), vision_cache_hits=self.vision_cache.hits,
                            vision_cache_misses=self.vision_cache.misses)
 
-    def chat(self, conv: Conversation, text, images=None,
-             sampling: SamplingParams | None = None, *, videos=None) -> ChatResult:
+    def chat(self, conv: Conversation, text=None, images=None,
+             sampling: SamplingParams | None = None, *, videos=None,
+             tool_results=None) -> ChatResult:
         """Answer a user message in ``conv``; see ``ChatResult``.
 
         The message is ``images`` (RGB uint8 ``H x W x 3`` arrays), then ``videos``
         (``VideoClip``s), then ``text``, as the chat template renders a content list. ``text``
         may also be a list of parts -- ``str``, image arrays, ``VideoClip``s -- rendered in
         that order (e.g. ``["front camera:", img1, "wrist camera:", img2, "What moved?"]``).
+
+        ``tool_results`` (``[{"id", "content"}]``, content a ``str`` or a list of parts as
+        ``text``) answer the calls of the conversation's last answer: rendered as the template
+        renders tool responses, in the calls' order, before the message (``text`` may then be
+        None: no message). ``SamplingParams.detect`` without ``text`` asks its grounding
+        prompt; its turn holds exactly one image.
         """
         result = None
-        for event in self.chat_stream(conv, text, images, sampling, videos=videos):
+        for event in self.chat_stream(conv, text, images, sampling, videos=videos,
+                                      tool_results=tool_results):
             result = event.result
         return result
 
-    def chat_stream(self, conv: Conversation, text, images=None,
-                    sampling: SamplingParams | None = None, *, videos=None):
+    def chat_stream(self, conv: Conversation, text=None, images=None,
+                    sampling: SamplingParams | None = None, *, videos=None, tool_results=None):
         """Like ``chat``, yielding ``StreamEvent``s with text deltas; the last carries the result.
 
         Invalid input (text, images, clips, sampling values, a ``response_format`` the library
@@ -336,33 +361,47 @@ class LLMEngine:
         engine from its first step to its end (or ``close()``): see the module docstring.
         """
         with self._guard.hold("chat_stream"):
-            yield from self._chat_stream(conv, text, images, sampling, videos)
+            yield from self._chat_stream(conv, text, images, sampling, videos, tool_results)
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _chat_stream(self, conv, text, images, sampling, videos):
+    def _chat_stream(self, conv, text, images, sampling, videos, tool_results):
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
-        parts = message_parts(text, images, videos)
-        grammar = self._grammar_for(sampling.response_format)
-        # Built first: SamplingParams is a plain dataclass, a value changed after construction
-        # is checked here, before the turn opens.
-        sampler = Sampler(sampling, self.device, self._banned, grammar)
-        turn = self.prompts.user_turn(conv.messages(), parts, list(images or []),
-                                      list(videos or []))
+        check_message(text, images, videos, tool_results)
+        # SamplingParams is a plain dataclass: a value changed after construction is checked
+        # here, before the turn opens.
+        sampling.validate()
+        shape = AnswerShape.build(conv, text, images, sampling, tool_results, self._grammar_for,
+                                  self._index_vocabulary, self.tokenizer)
+        sampler = Sampler(sampling, self.device, self._banned, shape.grammar)
+        system = None
+        if shape.tools_changed:
+            system = self._system_piece(conv.system_prompt, shape.tools)
+        turn = self.prompts.user_turn(conv.messages(), shape.text, list(images or []),
+                                      list(videos or []), tools=shape.tools,
+                                      tool_results=shape.tool_results)
         loop = self._turns
         before = conv.checkpoint()
         try:
+            if system is not None:  # other tools: a new system turn (the cache misses from it)
+                self.kv.release(conv)
+                conv.replace_system(system, shape.tools)
             plan = self.kv.admit(conv, turn, sampling.max_tokens)
         except BaseException:
             loop.roll_back(conv, before)
             raise
         if plan.refused:
-            yield StreamEvent("", result=loop.refused(conv, turn, plan))
+            result = loop.refused(conv, turn, plan)
+            if system is not None:
+                loop.roll_back(conv, before)
+            yield StreamEvent("", result=result)
             return
         state = TurnState(t0, conv.num_kv_tokens, plan.drop)
-        state.response_format, state.grammar = sampling.response_format, grammar
+        state.shape = shape
+        if shape.tool_calls is None:
+            state.response_format, state.grammar = shape.response_format, shape.grammar
         try:
             yield from loop.generate(conv, sampler, state, turn.pixel_values)
         except GrammarDeadEnd as exc:

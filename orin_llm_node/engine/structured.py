@@ -274,6 +274,23 @@ class GrammarTokenizer:
             raise ValueError(f"response_format rejected: {exc}") from None
         return grammar
 
+    def lark(self, text: str, what: str, place_ids=()) -> "Grammar":
+        """A fresh matcher for one of the engine's own lark grammars (e.g. a tool call's).
+
+        ``place_ids``: control-like tokens the grammar places itself (``<[id]>``), the only
+        ones besides the stop tokens its masks may offer. ``ValueError`` with the library's
+        reason for ``what`` (one sentence; the detail is logged) when it refuses the grammar.
+        """
+        m = self._ll.LLMatcher
+        try:
+            matcher = m(self.tokenizer, text, log_level=0)
+        except (ValueError, TypeError) as exc:  # the library's own checks
+            raise ValueError(_library_reason(what, str(exc))) from None
+        if matcher.is_error():
+            raise ValueError(_library_reason(what, matcher.get_error()))
+        words = self.answer_words | host_bitmask(self.vocab_size, allowed=place_ids)
+        return Grammar(matcher, self.vocab_size, self.stop_ids, words, what)
+
     def _control_text(self, fmt: dict) -> str | None:
         # The first control token whose text the grammar spells: in any string of the schema
         # that can shape an answer, or in a pattern read as literal text (escapes and

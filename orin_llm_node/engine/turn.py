@@ -24,7 +24,7 @@ from .finish_reason import FinishReason
 from .sampler import NonFiniteLogits, Sampler
 from .structured import parse_answer
 
-__all__ = ["ChatResult", "StreamEvent", "TurnLoop", "TurnState", "check_text", "message_parts"]
+__all__ = ["ChatResult", "StreamEvent", "TurnLoop", "TurnState", "check_message", "check_text"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,13 @@ class ChatResult:
     incomplete and never valid) and ``parsed``: the answer's JSON value when valid (``None``
     for a regex; see ``structured.parse_answer`` for numbers beyond a float's range).
     Unconstrained answers keep ``valid = None``.
+
+    Tools (``SamplingParams.tools``): ``tool_calls`` holds the answer's calls, ``[{id, name,
+    arguments}]`` (``arguments`` a dict that follows the tool's schema), and ``finish_reason``
+    is ``"tool_calls"`` when the answer ends on them; ``text`` is the whole answer, the calls'
+    markup included. Grounding (``SamplingParams.detect``): ``detections`` holds ``[{label,
+    bbox_2d, bbox}]``, the model's 0-1000 box and the same box in the caller's frame's pixels
+    (``processing/grounding.py``).
     """
 
     text: str
@@ -68,6 +75,8 @@ class ChatResult:
     error: str | None = None
     valid: bool | None = None
     parsed: object = None
+    tool_calls: list[dict] = field(default_factory=list)
+    detections: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -90,20 +99,24 @@ def check_text(what: str, text) -> None:
                          f"at index {exc.start}") from None
 
 
-def message_parts(text, images, videos) -> list:
-    """The message's text parts (``text``, or its list of parts), after the input checks.
+def check_message(text, images, videos, tool_results=None) -> None:
+    """The input checks of a user message (its text or parts, images, clips, tool results).
 
-    ``ValueError`` for text that ``check_text`` refuses, a bare image array or clip where a
-    list is expected, and anything but ``VideoClip``s in ``videos``.
+    ``ValueError`` for text that ``check_text`` refuses (in the message or a tool result), a
+    bare image array or clip where a list is expected, and anything but ``VideoClip``s in
+    ``videos``. ``text`` None is no message (``AnswerShape`` says when that is wrong).
     """
     if isinstance(text, (list, tuple)):  # interleaved parts: text, images, clips
-        parts = list(text)
-        for part in parts:
+        for part in text:
             if isinstance(part, str):
                 check_text("text", part)
-    else:
+    elif text is not None:
         check_text("text", text)
-        parts = [text]
+    for result in tool_results if isinstance(tool_results, (list, tuple)) else []:
+        content = result.get("content") if isinstance(result, dict) else None
+        for part in content if isinstance(content, (list, tuple)) else [content]:
+            if isinstance(part, str):
+                check_text("tool result", part)
     if isinstance(images, np.ndarray):
         raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
                          "array (pass [image])")
@@ -113,7 +126,6 @@ def message_parts(text, images, videos) -> list:
     for clip in videos or []:
         if not isinstance(clip, VideoClip):
             raise ValueError(f"videos must hold VideoClips, got {type(clip).__name__}")
-    return parts
 
 
 def prompt_media(spans) -> tuple[list[np.ndarray], list[VideoClip]]:
@@ -139,6 +151,7 @@ class TurnState:
         self.vision_s = 0.0
         self.response_format: dict | None = None
         self.grammar = None  # structured.Grammar of a constrained answer
+        self.shape = None  # answer_shape.AnswerShape: what shapes the answer
         self.tail = ""
         self.result: ChatResult | None = None
 
@@ -301,10 +314,12 @@ class TurnLoop:
                 parsed = parse_answer(state.response_format, text) if valid else None
             except ValueError as exc:
                 state.finish, state.error, valid = FinishReason.ERROR, str(exc), False
+        out = state.shape.outcome(state.finish, text, parsed, self.tokenizer.eos_ids)
+        state.finish, state.error = out.finish, state.error or out.error
         if state.finish == FinishReason.ERROR:
             self.roll_back(conv, before)
         else:
-            conv.close_turn(text, self.tokenizer.im_end_id)
+            conv.close_turn(out.content, self.tokenizer.im_end_id, out.tool_calls)
             self.kv.finish(conv)
         gen = state.token_ids
         decode_s = state.t_last - state.t_first
@@ -323,6 +338,8 @@ class TurnLoop:
             error=state.error,
             valid=valid,
             parsed=parsed,
+            tool_calls=out.tool_calls,
+            detections=out.detections,
         )
 
     def roll_back(self, conv: Conversation, before) -> None:

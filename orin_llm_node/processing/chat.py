@@ -144,13 +144,15 @@ class ChatTemplate:
         return cls(template, special)
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-               **template_kwargs) -> str:
+               tools: Sequence[dict] | None = None, **template_kwargs) -> str:
         """
         Render HF-style messages to the prompt text.
 
-        ``messages``: dicts with ``role`` (system / user / assistant) and ``content`` (a string,
-        or a list of ``{"type": "image"}`` and ``{"type": "text", "text": ...}`` items). Keys
-        whose value is ``None`` are dropped, as transformers does. Extra keyword arguments are
+        ``messages``: dicts with ``role`` (system / user / assistant / tool) and ``content`` (a
+        string, or a list of ``{"type": "image"}`` and ``{"type": "text", "text": ...}``
+        items). Keys whose value is ``None`` are dropped, as transformers does. ``tools``: the
+        function definitions the template's ``tools`` branch renders (OpenAI shapes, as
+        ``apply_chat_template(..., tools=...)`` takes them). Extra keyword arguments are
         template variables (they override the special tokens of the same name). A template
         error (its ``raise_exception``) raises ``ValueError``.
         """
@@ -164,7 +166,7 @@ class ChatTemplate:
         variables = {**self.special_tokens, **_plain(template_kwargs)}
         try:
             return self._compiled.render(
-                messages=chat, tools=None, documents=None,
+                messages=chat, tools=_plain(list(tools)) if tools else None, documents=None,
                 add_generation_prompt=add_generation_prompt, **variables,
             )
         except jinja2.TemplateError as exc:  # the template's raise_exception, a bad value
@@ -242,6 +244,8 @@ class Tokenizer:
         # knows none of them: what message text is tokenized with (encode_parts).
         added = tokenizer.get_added_tokens_decoder()
         self.added_ids = frozenset(added)
+        self._added = {tok.content: i for i, tok in added.items()}
+        self.added_texts = frozenset(self._added)
         plain = json.loads(tokenizer.to_str())
         plain["added_tokens"] = []
         self._text_tok = tokenizers.Tokenizer.from_str(json.dumps(plain))
@@ -282,6 +286,10 @@ class Tokenizer:
         if tid is None:
             raise ValueError(f"tokenizer has no token {token!r}")
         return tid
+
+    def added_token_id(self, token: str) -> int | None:
+        """The id of the added token ``token`` (e.g. ``<tool_call>``); None when there is none."""
+        return self._added.get(token)
 
     def encode(self, text: str) -> list[int]:
         """Tokenize ``text``; special tokens written in it are recognised, no BOS is added."""

@@ -138,22 +138,37 @@ class PromptBuilder:
         cut += len(self.im_end)
         return rendered[:cut], rendered[cut:]
 
-    def _encode(self, message, texts: list[str], add_generation_prompt: bool,
-                history: Sequence[dict] = ()) -> list[int]:
-        # ``message(ts)``: the HF-style message holding texts ``ts``. Returns the ids of what it
-        # adds to ``history`` (up to its last <|im_end|> without a generation prompt), with
-        # every text tokenized as text.
-        slots = [_slot() for _ in texts]
-        full = self.template.render([*history, message(slots)],
-                                    add_generation_prompt=add_generation_prompt)
-        start, tail = 0, ""
+    def _prefix(self, history: Sequence[dict], tools) -> str:
+        # What the template renders before a new message: the history, else (tools without a
+        # system prompt) the tools' system turn alone, cut after its <|im_end|>.
         if history:
-            rendered = self.template.render(history, add_generation_prompt=False)
-            if not full.startswith(rendered):
-                raise ValueError("the chat template does not render conversations incrementally")
-            _, tail = self._head(rendered)
-            start = len(rendered)
-        piece = full[start:]
+            return self.template.render(history, add_generation_prompt=False, tools=tools)
+        if not tools:
+            return ""
+        slot = _slot()
+        probe = self.template.render([{"role": "user", "content": slot}],
+                                     add_generation_prompt=False, tools=tools)
+        head, _ = self._head(probe[:probe.index(slot)])
+        return head if head.endswith(self.im_end) else ""
+
+    def _encode(self, message, texts: list[str], add_generation_prompt: bool,
+                history: Sequence[dict] | None = (), tools=None) -> list[int]:
+        # ``message(ts)``: the HF-style message (or list of messages) holding texts ``ts``.
+        # Returns the ids of what it adds to ``history`` (up to its last <|im_end|> without a
+        # generation prompt), with every text tokenized as text. ``history=None``: the
+        # messages open the conversation (a system prompt), nothing comes before them.
+        def messages(ts):
+            made = message(ts)
+            return [*(history or ()), *(made if isinstance(made, list) else [made])]
+
+        slots = [_slot() for _ in texts]
+        full = self.template.render(messages(slots), add_generation_prompt=add_generation_prompt,
+                                    tools=tools)
+        rendered = "" if history is None else self._prefix(history, tools)
+        if not full.startswith(rendered):
+            raise ValueError("the chat template does not render conversations incrementally")
+        _, tail = self._head(rendered)
+        piece = full[len(rendered):]
         if not add_generation_prompt:
             piece, _ = self._head(piece)
         real = full
@@ -161,8 +176,8 @@ class PromptBuilder:
             if piece.count(slot) != 1 or full.count(slot) != 1:
                 raise ValueError("the chat template does not render message text as it is")
             real = real.replace(slot, text)
-        if self.template.render([*history, message(list(texts))],
-                                add_generation_prompt=add_generation_prompt) != real:
+        if self.template.render(messages(list(texts)), add_generation_prompt=add_generation_prompt,
+                                tools=tools) != real:
             raise ValueError("the chat template renders this text differently from other text "
                              "(it inspects or transforms message text)")
         parts, pos, trusted = [], 0, tail
@@ -173,27 +188,68 @@ class PromptBuilder:
         parts.append((trusted + piece[pos:], True))
         return self.tokenizer.encode_parts(parts)
 
-    def system_piece(self, system_prompt: str | None) -> PromptPiece:
-        """Piece of a system prompt (an empty piece for None); its text is tokenized as text."""
+    def system_piece(self, system_prompt: str | None, tools=None) -> PromptPiece:
+        """Piece of a system prompt and of the tools the template renders beside it.
+
+        An empty piece for neither. Its text is tokenized as text; the tools' JSON as the
+        template writes it (``processing.tools.check_tools`` refuses control-token text in it).
+        """
         if system_prompt is None:
-            return PromptPiece([], [])
+            ids = self.tokenizer.encode_parts([(self._prefix((), tools), True)])
+            return PromptPiece([], ids)
         ids = self._encode(lambda ts: {"role": "system", "content": ts[0]}, [system_prompt],
-                           add_generation_prompt=False)
+                           add_generation_prompt=False, history=None, tools=tools)
         return PromptPiece([{"role": "system", "content": system_prompt}], ids)
 
     def user_turn(self, history: Sequence[dict], text, images: Sequence[np.ndarray] = (),
-                  videos: Sequence[VideoClip] = ()) -> PromptPiece:
+                  videos: Sequence[VideoClip] = (), tools=None,
+                  tool_results: Sequence[tuple[str, object]] = ()) -> PromptPiece:
         """Piece of a new user message after ``history`` (HF-style messages).
 
         The message's content is ``images``, then ``videos``, then ``text``, in the order the
         chat template renders a content list; ``text`` is a ``str`` or a list of parts, each a
         ``str``, an image array or a ``VideoClip``, rendered in their order (interleaved
-        content). It runs up to the assistant generation prompt; every text is tokenized as
-        text.
+        content); ``None`` with ``tool_results`` and no media: no user message. It runs up to
+        the assistant generation prompt; every text is tokenized as text.
+
+        ``tools``: the tools the conversation's system turn renders (see ``system_piece``);
+        ``tool_results``: ``(call id, content)`` pairs rendered first, one ``tool`` message
+        each, in order; a content is a ``str`` or a list of parts as ``text``.
         """
-        parts = list(text) if isinstance(text, (list, tuple)) else [text]
-        content, refs, pixels = [], [], {}
-        for item in [*images, *videos, *parts]:
+        refs, pixels = [], {}
+        results = [(call_id, self._content(_parts(body), refs, pixels))
+                   for call_id, body in tool_results]
+        content = None
+        if text is not None or images or videos:
+            content = self._content([*images, *videos, *_parts(text)], refs, pixels)
+        if content is None and not results:
+            raise ValueError("a turn needs a message or tool results")
+        blocks = [c for _, body in results for c in body] + (content or [])
+        texts = [c["text"] for c in blocks if c["type"] == "text"]
+
+        def message(ts):
+            it = iter(ts)
+
+            def fill(body):
+                return [{"type": "text", "text": next(it)} if c["type"] == "text" else c
+                        for c in body]
+
+            made = [{"role": "tool", "tool_call_id": call_id, "content": fill(body)}
+                    for call_id, body in results]
+            if content is not None:
+                made.append({"role": "user", "content": fill(content)})
+            return made
+
+        raw = self._encode(message, texts, add_generation_prompt=True, history=history,
+                           tools=tools)
+        ids, media = self._expand(raw, refs)
+        return PromptPiece(message(texts), ids, media, pixels)
+
+    def _content(self, items, refs: list, pixels: dict) -> list[dict]:
+        # The content list of ``items`` (text, image arrays, clips); their refs and image
+        # patches are appended to ``refs`` / ``pixels`` in order.
+        content = []
+        for item in items:
             if isinstance(item, str):
                 content.append({"type": "text", "text": item})
                 continue
@@ -213,17 +269,7 @@ class PromptBuilder:
             else:
                 raise ValueError(f"message content must be text, an image (H x W x 3 uint8 "
                                  f"array) or a VideoClip, got {type(item).__name__}")
-        texts = [c["text"] for c in content if c["type"] == "text"]
-
-        def message(ts):
-            it = iter(ts)
-            return {"role": "user", "content": [
-                {"type": "text", "text": next(it)} if c["type"] == "text" else c
-                for c in content]}
-
-        raw = self._encode(message, texts, add_generation_prompt=True, history=history)
-        ids, media = self._expand(raw, refs)
-        return PromptPiece([message(texts)], ids, media, pixels)
+        return content
 
     def _video_ids(self, group_times, tokens_per_group: int):
         # transformers 5.x's expansion of the template's <|video_pad|> (the pad alone: the
@@ -287,6 +333,13 @@ class PromptBuilder:
         if self.video_token_id is not None:
             pads.append(self.video_token_id)
         return rope_positions(token_ids, grids, pads, self.merge_size)
+
+
+def _parts(text) -> list:
+    # A message's parts: a list of them as it is, a str (or None: nothing) alone.
+    if text is None:
+        return []
+    return list(text) if isinstance(text, (list, tuple)) else [text]
 
 
 def _slot() -> str:

@@ -3,10 +3,10 @@
 """Tiny random Qwen3-VL checkpoints in Hugging Face format, for tests and the demo fallback.
 
 Everything is generated locally and deterministically from a seed: a byte-level BPE tokenizer
-trained with `tokenizers` on a small built-in corpus (Qwen's special tokens appended after the
-learned vocabulary, so their ids differ from the real 151643+ on purpose), the Qwen3-VL chat
-template, the image and video processor configs, the model config in the format transformers >= 5
-writes, and random weights under the real tensor names.
+trained with `tokenizers` on a small built-in corpus (Qwen's special tokens, then its tool-call
+tokens, appended after the learned vocabulary, so their ids differ from the real 151643+ on
+purpose), the Qwen3-VL chat template, the image and video processor configs, the model config in
+the format transformers >= 5 writes, and random weights under the real tensor names.
 
 The weights are initialised so that bugs show: a larger std in the vision tower (at 0.02 a missing
 vision RoPE moves the logits by only ~3e-4) and in the decoder, so that greedy decoding is not
@@ -38,6 +38,9 @@ SPECIAL_TOKENS = (
     '<|endoftext|>', '<|im_start|>', '<|im_end|>', '<|vision_start|>', '<|vision_end|>',
     '<|image_pad|>', '<|video_pad|>',
 )
+# Tool-call markup: added tokens that are not special, as in the published tokenizers (a decode
+# that skips special tokens keeps them). Appended after SPECIAL_TOKENS, so the ids of those stay.
+TOOL_TOKENS = ('<tool_call>', '</tool_call>', '<tool_response>', '</tool_response>')
 
 # Qwen2's pre-tokenizer split (digits one by one, contractions, letters, punctuation, spaces).
 # The ids the published checkpoints use; the tiny tokenizer must not reproduce them.
@@ -117,7 +120,7 @@ NEVER_GENERATED = ('<|vision_start|>', '<|vision_end|>', '<|image_pad|>', '<|vid
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> Tokenizer:
-    """Train a Qwen-style byte-level BPE tokenizer with the Qwen special tokens appended."""
+    """Train a Qwen-style byte-level BPE tokenizer; Qwen's special and tool tokens appended."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -131,6 +134,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> Tokenizer:
     )
     tok.train_from_iterator(list(corpus), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return tok
 
 
@@ -140,9 +144,10 @@ def write_tokenizer_files(out_dir: Path, tokenizer: Tokenizer) -> dict:
     tokenizer.save(str(out_dir / 'tokenizer.json'))
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
     added = {
-        str(i): {'content': t, 'lstrip': False, 'normalized': False, 'rstrip': False,
-                 'single_word': False, 'special': True}
-        for t, i in ids.items()
+        str(tokenizer.token_to_id(t)): {'content': t, 'lstrip': False, 'normalized': False,
+                                        'rstrip': False, 'single_word': False,
+                                        'special': t in SPECIAL_TOKENS}
+        for t in (*SPECIAL_TOKENS, *TOOL_TOKENS) if tokenizer.token_to_id(t) is not None
     }
     tok_cfg = {
         'tokenizer_class': 'Qwen2Tokenizer',
