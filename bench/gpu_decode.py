@@ -50,14 +50,14 @@ from orin_llm_node.quantization import QuantLinear  # noqa: E402
 from orin_llm_node.quantization.checkpoint import plan_quantization  # noqa: E402
 from orin_llm_node.testing import tiny_checkpoint  # noqa: E402
 
-CONFIGS = REPO / "test" / "data" / "qwen3_vl_configs"
-DEV = "cuda"  # "cpu" with --smoke
+CONFIGS = REPO / 'test' / 'data' / 'qwen3_vl_configs'
+DEV = 'cuda'  # "cpu" with --smoke
 # Nominal DRAM bandwidth in GB/s by device-name fragment (first match wins).
 NOMINAL_BW_GBS = [
-    ("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0),
-    ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0), ("A100", 1555.0),
-    ("L40S", 864.0), ("L4", 300.0), ("RTX 4090", 1008.0),
-    ("Orin NX", 102.4), ("Orin Nano", 68.0), ("Orin", 204.8),
+    ('H200', 4800.0), ('H100 NVL', 3900.0), ('H100 PCIe', 2000.0), ('H100', 3350.0),
+    ('A100-SXM4-80GB', 2039.0), ('A100 80GB PCIe', 1935.0), ('A100', 1555.0),
+    ('L40S', 864.0), ('L4', 300.0), ('RTX 4090', 1008.0),
+    ('Orin NX', 102.4), ('Orin Nano', 68.0), ('Orin', 204.8),
 ]
 
 
@@ -65,20 +65,20 @@ NOMINAL_BW_GBS = [
 
 def make_model_dir(size: str, out: Path) -> Path:
     """Config of the published ``size`` with the tiny tokenizer's special ids, no weights."""
-    if size == "tiny":
+    if size == 'tiny':
         return tiny_checkpoint.make_tiny_checkpoint(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = tiny_checkpoint.train_tokenizer(tiny_checkpoint.CORPUS)
     ids = tiny_checkpoint.write_tokenizer_files(out, tokenizer)
-    cfg = json.loads((CONFIGS / f"qwen3-vl-{size}-instruct.config.json").read_text())
-    cfg.update(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-               vision_start_token_id=ids["<|vision_start|>"],
-               vision_end_token_id=ids["<|vision_end|>"])
-    cfg["text_config"].update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    gen_cfg = {"bos_token_id": ids["<|endoftext|>"], "pad_token_id": ids["<|endoftext|>"],
-               "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]], "do_sample": False}
-    (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
+    cfg = json.loads((CONFIGS / f'qwen3-vl-{size}-instruct.config.json').read_text())
+    cfg.update(image_token_id=ids['<|image_pad|>'], video_token_id=ids['<|video_pad|>'],
+               vision_start_token_id=ids['<|vision_start|>'],
+               vision_end_token_id=ids['<|vision_end|>'])
+    cfg['text_config'].update(bos_token_id=ids['<|endoftext|>'], eos_token_id=ids['<|im_end|>'])
+    (out / 'config.json').write_text(json.dumps(cfg, indent=2))
+    gen_cfg = {'bos_token_id': ids['<|endoftext|>'], 'pad_token_id': ids['<|endoftext|>'],
+               'eos_token_id': [ids['<|im_end|>'], ids['<|endoftext|>']], 'do_sample': False}
+    (out / 'generation_config.json').write_text(json.dumps(gen_cfg, indent=2))
     # The published processor bounds (256^2 .. 4096^2 pixels): a 448x448 image stays 448x448.
     tiny_checkpoint.write_preprocessor_config(out, min_pixels=256 * 256,
                                               max_pixels=4096 * 4096)
@@ -92,7 +92,7 @@ def init_random_(model: torch.nn.Module, seed: int = 0) -> None:
         for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.02, generator=gen)
-            elif "norm" in name and name.endswith("weight"):
+            elif 'norm' in name and name.endswith('weight'):
                 p.fill_(1.0)
             else:
                 p.zero_()
@@ -101,7 +101,7 @@ def init_random_(model: torch.nn.Module, seed: int = 0) -> None:
 _MODELS = {}
 
 
-def random_load_model(model_dir, dtype=torch.float32, device="cpu", quantization="none"):
+def random_load_model(model_dir, dtype=torch.float32, device='cpu', quantization='none'):
     """Stands in for ``loader.load_model``: same model, random weights, built on the GPU.
 
     With ``quantization`` the decoder projections are quantized layers filled by rounding
@@ -146,7 +146,7 @@ def kv_bytes_per_token(text_cfg) -> int:
 # ------------------------------------------------------------------------------ measurements
 
 def sync():
-    if DEV == "cuda":
+    if DEV == 'cuda':
         torch.cuda.synchronize()
 
 
@@ -172,12 +172,12 @@ def nominal_bandwidth_gbs(name: str):
 
 def prompt_of(engine, tokens: int, salt: int) -> str:
     """Plain text of about ``tokens`` tokens (distinct per salt, so no prefix-cache hits)."""
-    words = " ".join(tiny_checkpoint.CORPUS).split()
+    words = ' '.join(tiny_checkpoint.CORPUS).split()
     rng = np.random.default_rng(salt)
-    text = f"request {salt}:"
+    text = f'request {salt}:'
     while (have := len(engine.tokenizer.encode(text))) < tokens:
         # Grow by about the deficit (a word is >= 1 token): a 16k prompt in a few encodes.
-        text += " " + " ".join(rng.choice(words, max(16, tokens - have)))
+        text += ' ' + ' '.join(rng.choice(words, max(16, tokens - have)))
     ids = engine.tokenizer.encode(text)[:tokens]
     return engine.tokenizer.decode(ids)
 
@@ -192,8 +192,8 @@ def engine_decode(engine, context: int, new_tokens: int, salt: int) -> dict:
     res = engine.chat(conv, text, sampling=SamplingParams(max_tokens=new_tokens,
                                                           ignore_eos=True))
     engine.reset(conv)
-    return {"prompt_tokens": len(res.prompt_token_ids), "tok_s": res.decode_tok_s,
-            "ttft_s": res.ttft_s}
+    return {'prompt_tokens': len(res.prompt_token_ids), 'tok_s': res.decode_tok_s,
+            'ttft_s': res.ttft_s}
 
 
 def engine_ttft(engine, reps: int = 3) -> dict:
@@ -208,10 +208,10 @@ def engine_ttft(engine, reps: int = 3) -> dict:
         cold.append(first.ttft_s)
         second.append(follow.ttft_s)
         cached.append(follow.cached_tokens)
-    return {"image_prompt_tokens": len(first.prompt_token_ids),
-            "cold_ttft_s": statistics.median(cold),
-            "second_turn_ttft_s": statistics.median(second),
-            "second_turn_cached_tokens": statistics.median(cached)}
+    return {'image_prompt_tokens': len(first.prompt_token_ids),
+            'cold_ttft_s': statistics.median(cold),
+            'second_turn_ttft_s': statistics.median(second),
+            'second_turn_cached_tokens': statistics.median(cached)}
 
 
 def hf_model(model_dir: Path):
@@ -220,8 +220,8 @@ def hf_model(model_dir: Path):
     cfg = AutoConfig.from_pretrained(model_dir)
     with torch.device(DEV):
         model = Qwen3VLForConditionalGeneration._from_config(
-            cfg, dtype=torch.bfloat16 if DEV == "cuda" else torch.float32,
-            attn_implementation="sdpa")
+            cfg, dtype=torch.bfloat16 if DEV == 'cuda' else torch.float32,
+            attn_implementation='sdpa')
     init_random_(model, seed=1)
     return model.eval()
 
@@ -247,7 +247,7 @@ def hf_decode(model, context: int, new_tokens: int) -> dict:
     run(2)  # warm-up
     t1 = run(1)
     tn = run(new_tokens + 1)
-    return {"tok_s": new_tokens / (tn - t1), "ttft_s": t1}
+    return {'tok_s': new_tokens / (tn - t1), 'ttft_s': t1}
 
 
 # ------------------------------------------------------------------------------------ driver
@@ -255,16 +255,16 @@ def hf_decode(model, context: int, new_tokens: int) -> dict:
 def bench_model(size: str, args, workdir: Path) -> dict:
     model_dir = make_model_dir(size, workdir / size)
     text_cfg = load_config(model_dir).text
-    if DEV == "cuda":
-        need = 2 * 2 * {"2b": 2.2e9, "4b": 4.5e9, "8b": 8.8e9}[size] + 8e9  # ours + HF, bf16
+    if DEV == 'cuda':
+        need = 2 * 2 * {'2b': 2.2e9, '4b': 4.5e9, '8b': 8.8e9}[size] + 8e9  # ours + HF, bf16
         free, _ = torch.cuda.mem_get_info()
         if free < need:
-            return {"skipped": f"needs ~{need / 1e9:.0f} GB free, has {free / 1e9:.0f} GB"}
-    common = {"model_path": model_dir, "device": DEV,
-              "dtype": "bfloat16" if DEV == "cuda" else "float32",
-              "max_model_len": max(8192, max(args.contexts) + 2 * args.decode_tokens),
-              "kv_cache_memory_mb": args.kv_cache_mb, "block_order_seed": 0}
-    out = {"decode": {}}
+            return {'skipped': f'needs ~{need / 1e9:.0f} GB free, has {free / 1e9:.0f} GB'}
+    common = {'model_path': model_dir, 'device': DEV,
+              'dtype': 'bfloat16' if DEV == 'cuda' else 'float32',
+              'max_model_len': max(8192, max(args.contexts) + 2 * args.decode_tokens),
+              'kv_cache_memory_mb': args.kv_cache_mb, 'block_order_seed': 0}
+    out = {'decode': {}}
     for graph in (True, False):
         engine = LLMEngine(EngineConfig(enable_cuda_graph=graph, **common))
         if graph:
@@ -275,47 +275,47 @@ def bench_model(size: str, args, workdir: Path) -> dict:
         for ctx in args.contexts:  # best of two runs (distinct prompts, no cache hits)
             runs = [engine_decode(engine, ctx, args.decode_tokens, salt=ctx + i)
                     for i in range(2)]
-            entry = out["decode"].setdefault(str(ctx), {"prompt_tokens": runs[0]["prompt_tokens"]})
-            entry["graph_tok_s" if graph else "eager_tok_s"] = max(r["tok_s"] for r in runs)
+            entry = out['decode'].setdefault(str(ctx), {'prompt_tokens': runs[0]['prompt_tokens']})
+            entry['graph_tok_s' if graph else 'eager_tok_s'] = max(r['tok_s'] for r in runs)
         if graph:
             out.update(engine_ttft(engine))
         del engine
-        if DEV == "cuda":
+        if DEV == 'cuda':
             torch.cuda.empty_cache()
     hf = hf_model(model_dir)
-    out["transformers_prefill_ttft_s"] = {}
+    out['transformers_prefill_ttft_s'] = {}
     for ctx in args.contexts:
         r = hf_decode(hf, ctx, args.hf_tokens)
-        out["decode"][str(ctx)]["transformers_tok_s"] = r["tok_s"]
-        out["transformers_prefill_ttft_s"][str(ctx)] = r["ttft_s"]
+        out['decode'][str(ctx)]['transformers_tok_s'] = r['tok_s']
+        out['transformers_prefill_ttft_s'][str(ctx)] = r['ttft_s']
     del hf
     _MODELS.clear()
-    if DEV == "cuda":
+    if DEV == 'cuda':
         torch.cuda.empty_cache()
 
     bw = args.bandwidth_gbs * 1e9
     kv_tok = kv_bytes_per_token(text_cfg)
-    out["bound_tok_s"] = bw / out["weight_bytes_per_token"]
-    for ctx, e in out["decode"].items():
-        bound_kv = bw / (out["weight_bytes_per_token"] + kv_tok * int(ctx))
-        e["fraction_of_bound"] = e["graph_tok_s"] / out["bound_tok_s"]
-        e["fraction_of_bound_incl_kv"] = e["graph_tok_s"] / bound_kv
-        e["graph_vs_eager"] = e["graph_tok_s"] / e["eager_tok_s"]
-        e["vs_transformers"] = e["graph_tok_s"] / e["transformers_tok_s"]
-    out["second_turn_ttft_ratio"] = out["second_turn_ttft_s"] / out["cold_ttft_s"]
+    out['bound_tok_s'] = bw / out['weight_bytes_per_token']
+    for ctx, e in out['decode'].items():
+        bound_kv = bw / (out['weight_bytes_per_token'] + kv_tok * int(ctx))
+        e['fraction_of_bound'] = e['graph_tok_s'] / out['bound_tok_s']
+        e['fraction_of_bound_incl_kv'] = e['graph_tok_s'] / bound_kv
+        e['graph_vs_eager'] = e['graph_tok_s'] / e['eager_tok_s']
+        e['vs_transformers'] = e['graph_tok_s'] / e['transformers_tok_s']
+    out['second_turn_ttft_ratio'] = out['second_turn_ttft_s'] / out['cold_ttft_s']
     # Issue 12's targets: 2B >= 50 % of the bound, 8B >= 70 %; the longest context >= 80 % of
     # the shortest's speed; graph >= 3x eager; >= 20x transformers.
-    target = {"2b": 0.50, "4b": 0.50, "8b": 0.70}.get(size, 0.5)
-    short = out["decode"][str(min(args.contexts))]
-    longest = out["decode"][str(max(args.contexts))]
-    out["long_vs_short_context"] = longest["graph_tok_s"] / short["graph_tok_s"]
-    out["targets"] = {
-        "fraction_of_bound": target,
-        "fraction_of_bound_met": short["fraction_of_bound"] >= target,
-        "long_context_ge_80pct_met": out["long_vs_short_context"] >= 0.8,
-        "graph_vs_eager_3x_met": all(e["graph_vs_eager"] >= 3 for e in out["decode"].values()),
-        "vs_transformers_20x_met": all(e["vs_transformers"] >= 20 for e in out["decode"].values()),
-        "second_turn_ttft_le_20pct_met": out["second_turn_ttft_ratio"] <= 0.2,
+    target = {'2b': 0.50, '4b': 0.50, '8b': 0.70}.get(size, 0.5)
+    short = out['decode'][str(min(args.contexts))]
+    longest = out['decode'][str(max(args.contexts))]
+    out['long_vs_short_context'] = longest['graph_tok_s'] / short['graph_tok_s']
+    out['targets'] = {
+        'fraction_of_bound': target,
+        'fraction_of_bound_met': short['fraction_of_bound'] >= target,
+        'long_context_ge_80pct_met': out['long_vs_short_context'] >= 0.8,
+        'graph_vs_eager_3x_met': all(e['graph_vs_eager'] >= 3 for e in out['decode'].values()),
+        'vs_transformers_20x_met': all(e['vs_transformers'] >= 20 for e in out['decode'].values()),
+        'second_turn_ttft_le_20pct_met': out['second_turn_ttft_ratio'] <= 0.2,
     }
     return out
 
@@ -323,22 +323,22 @@ def bench_model(size: str, args, workdir: Path) -> dict:
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    models = {k: v for k, v in result["models"].items() if "decode" in v}
+    models = {k: v for k, v in result['models'].items() if 'decode' in v}
     fig, axes = plt.subplots(1, max(1, len(models)), figsize=(6 * max(1, len(models)), 4.5),
                              squeeze=False)
     for ax, (size, m) in zip(axes[0], models.items(), strict=False):
-        ctxs = list(m["decode"])
+        ctxs = list(m['decode'])
         x = np.arange(len(ctxs))
-        for i, (key, label) in enumerate((("graph_tok_s", "ours, CUDA graph"),
-                                          ("eager_tok_s", "ours, eager"),
-                                          ("transformers_tok_s", "transformers generate"))):
-            ax.bar(x + (i - 1) * 0.27, [m["decode"][c][key] for c in ctxs], 0.27, label=label)
-        ax.axhline(m["bound_tok_s"], color="k", ls="--", label="bandwidth bound (weights)")
-        ax.set_xticks(x, [f"ctx {c}" for c in ctxs])
-        ax.set_ylabel("decode tok/s (batch 1, bf16)")
+        for i, (key, label) in enumerate((('graph_tok_s', 'ours, CUDA graph'),
+                                          ('eager_tok_s', 'ours, eager'),
+                                          ('transformers_tok_s', 'transformers generate'))):
+            ax.bar(x + (i - 1) * 0.27, [m['decode'][c][key] for c in ctxs], 0.27, label=label)
+        ax.axhline(m['bound_tok_s'], color='k', ls='--', label='bandwidth bound (weights)')
+        ax.set_xticks(x, [f'ctx {c}' for c in ctxs])
+        ax.set_ylabel('decode tok/s (batch 1, bf16)')
         ax.set_title(f"Qwen3-VL-{size.upper()} on {result['device']}")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -346,65 +346,65 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv=None):
-    p = argument_parser(__doc__, contexts="128,1024,4096,16384", kv_cache_mb=4096)
-    p.add_argument("--hf-tokens", type=int, default=64)
+    p = argument_parser(__doc__, contexts='128,1024,4096,16384', kv_cache_mb=4096)
+    p.add_argument('--hf-tokens', type=int, default=64)
     args = p.parse_args(argv)
     global DEV
     if args.smoke:
-        DEV = "cpu"
-        args.models, args.contexts = "tiny", "40,80"
+        DEV = 'cpu'
+        args.models, args.contexts = 'tiny', '40,80'
         args.decode_tokens, args.hf_tokens, args.kv_cache_mb = 6, 4, 16
-    args.contexts = [int(c) for c in args.contexts.split(",")]
-    if DEV == "cuda" and not torch.cuda.is_available():
-        sys.exit("gpu_decode: needs a CUDA GPU (or --smoke)")
+    args.contexts = [int(c) for c in args.contexts.split(',')]
+    if DEV == 'cuda' and not torch.cuda.is_available():
+        sys.exit('gpu_decode: needs a CUDA GPU (or --smoke)')
     name, nominal, measured = device_bandwidth(args)
-    cap = torch.cuda.get_device_capability() if DEV == "cuda" else ()
-    result = {"device": name, "capability": ".".join(map(str, cap)),
-              "torch": torch.__version__, "cuda": torch.version.cuda,
-              "nominal_bandwidth_gbs": nominal, "measured_copy_bandwidth_gbs": measured,
-              "bandwidth_gbs_used": args.bandwidth_gbs, "decode_tokens": args.decode_tokens,
-              "models": {}}
+    cap = torch.cuda.get_device_capability() if DEV == 'cuda' else ()
+    result = {'device': name, 'capability': '.'.join(map(str, cap)),
+              'torch': torch.__version__, 'cuda': torch.version.cuda,
+              'nominal_bandwidth_gbs': nominal, 'measured_copy_bandwidth_gbs': measured,
+              'bandwidth_gbs_used': args.bandwidth_gbs, 'decode_tokens': args.decode_tokens,
+              'models': {}}
     with contextlib.suppress(ImportError):
         import cupy
         import transformers
         result.update(cupy=cupy.__version__, transformers=transformers.__version__)
-    run_and_write("gpu_decode", bench_model, plot, result, args)
+    run_and_write('gpu_decode', bench_model, plot, result, args)
 
 
 def run_and_write(bench: str, bench_model, plot, result: dict, args) -> None:
     """Run ``bench_model(size, args, workdir)`` per model on random weights; JSON + PNG out."""
     llm_engine_module.load_model = random_load_model  # random weights, no checkpoint on disk
     with tempfile.TemporaryDirectory() as tmp:
-        for size in args.models.split(","):
-            result["models"][size] = bench_model(size, args, Path(tmp))
+        for size in args.models.split(','):
+            result['models'][size] = bench_model(size, args, Path(tmp))
     write_result(bench, result, plot, args.out)
 
 
-def write_result(bench: str, result: dict, plot, out: Path, tag: str = "") -> None:
+def write_result(bench: str, result: dict, plot, out: Path, tag: str = '') -> None:
     """Write ``result`` as JSON (and printed) and ``plot`` it as PNG, named after the device."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{bench}_{tag}_" if tag else f"{bench}_"
-    stem += result["device"].replace(" ", "_").replace("/", "_")
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    stem = f'{bench}_{tag}_' if tag else f'{bench}_'
+    stem += result['device'].replace(' ', '_').replace('/', '_')
+    (out / f'{stem}.json').write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     try:
-        plot(result, out / f"{stem}.png")
+        plot(result, out / f'{stem}.png')
     except ImportError as exc:  # the JSON is written; a bare GPU box may lack matplotlib
-        print(f"{bench}: no PNG ({exc})", file=sys.stderr)
+        print(f'{bench}: no PNG ({exc})', file=sys.stderr)
 
 
 def argument_parser(doc: str, contexts: str, kv_cache_mb: float) -> argparse.ArgumentParser:
     """Options the decode benchmarks share (models, contexts, bandwidth, output, smoke)."""
-    p = argparse.ArgumentParser(description=doc.split("\n")[0])
-    p.add_argument("--models", default="2b,8b", help="comma list of 2b, 4b, 8b")
-    p.add_argument("--contexts", default=contexts)
-    p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--kv-cache-mb", type=float, default=kv_cache_mb)
-    p.add_argument("--bandwidth-gbs", type=float, default=None,
-                   help="peak DRAM bandwidth (default: nominal for the GPU, else measured copy)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    p.add_argument("--smoke", action="store_true",
-                   help="check the script on the CPU with a tiny model (no measurement)")
+    p = argparse.ArgumentParser(description=doc.split('\n')[0])
+    p.add_argument('--models', default='2b,8b', help='comma list of 2b, 4b, 8b')
+    p.add_argument('--contexts', default=contexts)
+    p.add_argument('--decode-tokens', type=int, default=128)
+    p.add_argument('--kv-cache-mb', type=float, default=kv_cache_mb)
+    p.add_argument('--bandwidth-gbs', type=float, default=None,
+                   help='peak DRAM bandwidth (default: nominal for the GPU, else measured copy)')
+    p.add_argument('--out', type=Path, default=REPO / 'bench' / 'results')
+    p.add_argument('--smoke', action='store_true',
+                   help='check the script on the CPU with a tiny model (no measurement)')
     return p
 
 
@@ -413,12 +413,12 @@ def device_bandwidth(args) -> tuple[str, float | None, float]:
 
     Returns (device name, nominal GB/s or None, measured copy GB/s).
     """
-    name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu-smoke"
-    measured = copy_bandwidth_gbs(1 << 24 if DEV == "cpu" else 1 << 30)
+    name = torch.cuda.get_device_name() if DEV == 'cuda' else 'cpu-smoke'
+    measured = copy_bandwidth_gbs(1 << 24 if DEV == 'cpu' else 1 << 30)
     nominal = nominal_bandwidth_gbs(name)
     args.bandwidth_gbs = args.bandwidth_gbs or nominal or measured
     return name, nominal, measured
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
     main()

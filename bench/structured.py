@@ -47,8 +47,8 @@ from orin_llm_node.engine import (  # noqa: E402
 from orin_llm_node.engine import sampler as sampler_module  # noqa: E402
 from orin_llm_node.testing import shapes, tiny_checkpoint  # noqa: E402
 
-DEMO = BENCH.parent / "orin_llm_node" / "demo_model"
-NESTED = {"type": "json_schema", "schema": sl.NESTED_SCHEMA}
+DEMO = BENCH.parent / 'orin_llm_node' / 'demo_model'
+NESTED = {'type': 'json_schema', 'schema': sl.NESTED_SCHEMA}
 
 
 class MaskTimer:
@@ -82,22 +82,22 @@ class MaskTimer:
 
 
 def per_token_ms(res) -> float:
-    return 1000.0 / res.decode_tok_s if res.decode_tok_s else float("nan")
+    return 1000.0 / res.decode_tok_s if res.decode_tok_s else float('nan')
 
 
 def bench_model(name, path, device, tokens, repeat):
-    eng = LLMEngine(EngineConfig(model_path=path, device=device, dtype="float32"))
+    eng = LLMEngine(EngineConfig(model_path=path, device=device, dtype='float32'))
     eng.warmup(image_sizes=[])
-    image = shapes.simple_scene("circle", "red", 160, 200).image
+    image = shapes.simple_scene('circle', 'red', 160, 200).image
     free, constrained, masks, valid = [], [], [], 0
     for _ in range(repeat):
         conv = eng.new_conversation()
-        free.append(per_token_ms(eng.chat(conv, "Describe the shelf.", images=[image],
+        free.append(per_token_ms(eng.chat(conv, 'Describe the shelf.', images=[image],
                                           sampling=SamplingParams(max_tokens=tokens,
                                                                   ignore_eos=True))))
         eng.reset(conv)
         with MaskTimer() as timer:
-            res = eng.chat(conv, "Describe the shelf.", images=[image],
+            res = eng.chat(conv, 'Describe the shelf.', images=[image],
                            sampling=SamplingParams(max_tokens=tokens, response_format=NESTED))
         eng.reset(conv)
         constrained.append(per_token_ms(res))
@@ -106,23 +106,23 @@ def bench_model(name, path, device, tokens, repeat):
     free_ms = statistics.median(free)
     mask_ms = statistics.median(masks) * 1e3
     return {
-        "model": name, "vocab_size": eng.model.config.text.vocab_size,
-        "free_ms_per_token": round(free_ms, 3),
-        "constrained_ms_per_token": round(statistics.median(constrained), 3),
-        "mask_ms_per_token": round(mask_ms, 4),
-        "mask_ms_p99": round(float(np.percentile(masks, 99)) * 1e3, 4),
-        "mask_share_of_free_step": round(mask_ms / free_ms, 4),
-        "constrained_valid": f"{valid}/{repeat}",
+        'model': name, 'vocab_size': eng.model.config.text.vocab_size,
+        'free_ms_per_token': round(free_ms, 3),
+        'constrained_ms_per_token': round(statistics.median(constrained), 3),
+        'mask_ms_per_token': round(mask_ms, 4),
+        'mask_ms_p99': round(float(np.percentile(masks, 99)) * 1e3, 4),
+        'mask_share_of_free_step': round(mask_ms / free_ms, 4),
+        'constrained_valid': f'{valid}/{repeat}',
     }
 
 
 def bench_vocabulary(out: Path):
     tok_path, tok = sl.big_tokenizer(out)
-    stop = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
+    stop = [tok.token_to_id('<|im_end|>'), tok.token_to_id('<|endoftext|>')]
     t0 = time.perf_counter()
     gt = structured.GrammarTokenizer(tok_path, sl.VOCAB, stop)
-    result = {"vocab_size": sl.VOCAB, "index_vocabulary_s": round(time.perf_counter() - t0, 3),
-              "grammars": {}}
+    result = {'vocab_size': sl.VOCAB, 'index_vocabulary_s': round(time.perf_counter() - t0, 3),
+              'grammars': {}}
     logits = torch.randn(sl.VOCAB)
     words = np.empty(-(-sl.VOCAB // 32), dtype=np.int32)
     shifts = torch.arange(32, dtype=torch.int32)
@@ -130,8 +130,8 @@ def bench_vocabulary(out: Path):
         t0 = time.perf_counter()
         grammar = gt.grammar(fmt)
         compile_s = time.perf_counter() - t0
-        if fmt["type"] != "regex":  # the engine's JSON grammars are compact (no whitespace)
-            answer = json.dumps(json.loads(answer), separators=(",", ":"))
+        if fmt['type'] != 'regex':  # the engine's JSON grammars are compact (no whitespace)
+            answer = json.dumps(json.loads(answer), separators=(',', ':'))
         times = []
         for walk in range(3):  # the first walk warms torch and the library's lazy states
             grammar = grammar if walk == 0 else gt.grammar(fmt)
@@ -143,10 +143,10 @@ def bench_vocabulary(out: Path):
                     times.append(time.perf_counter() - t0)
                 grammar.accept(token)
             assert grammar.complete, name
-        result["grammars"][name] = {
-            "compile_ms": round(compile_s * 1e3, 3),
-            "mask_ms_median": round(statistics.median(times) * 1e3, 4),
-            "mask_ms_p99": round(float(np.percentile(times, 99)) * 1e3, 4),
+        result['grammars'][name] = {
+            'compile_ms': round(compile_s * 1e3, 3),
+            'mask_ms_median': round(statistics.median(times) * 1e3, 4),
+            'mask_ms_p99': round(float(np.percentile(times, 99)) * 1e3, 4),
         }
     return result
 
@@ -154,56 +154,56 @@ def bench_vocabulary(out: Path):
 def plot(result, path):
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    models = result["models"]
+    models = result['models']
     x = np.arange(len(models))
-    for i, (key, label) in enumerate((("free_ms_per_token", "free decode"),
-                                      ("constrained_ms_per_token", "json_schema decode"),
-                                      ("mask_ms_per_token", "mask (host)"))):
+    for i, (key, label) in enumerate((('free_ms_per_token', 'free decode'),
+                                      ('constrained_ms_per_token', 'json_schema decode'),
+                                      ('mask_ms_per_token', 'mask (host)'))):
         axes[0].bar(x + (i - 1) * 0.27, [m[key] for m in models], 0.27, label=label)
-    axes[0].set_xticks(x, [m["model"] for m in models])
-    axes[0].set_ylabel("ms per token (CPU)")
+    axes[0].set_xticks(x, [m['model'] for m in models])
+    axes[0].set_ylabel('ms per token (CPU)')
     axes[0].legend()
-    grammars = result["vocabulary_151936"]["grammars"]
+    grammars = result['vocabulary_151936']['grammars']
     names = list(grammars)
-    axes[1].bar(np.arange(len(names)) - 0.2, [grammars[n]["mask_ms_median"] for n in names],
-                0.4, label="mask median (ms)")
-    axes[1].bar(np.arange(len(names)) + 0.2, [grammars[n]["mask_ms_p99"] for n in names], 0.4,
-                label="mask p99 (ms)")
-    axes[1].axhline(0.3, color="k", ls="--", lw=1, label="target 0.3 ms")
+    axes[1].bar(np.arange(len(names)) - 0.2, [grammars[n]['mask_ms_median'] for n in names],
+                0.4, label='mask median (ms)')
+    axes[1].bar(np.arange(len(names)) + 0.2, [grammars[n]['mask_ms_p99'] for n in names], 0.4,
+                label='mask p99 (ms)')
+    axes[1].axhline(0.3, color='k', ls='--', lw=1, label='target 0.3 ms')
     axes[1].set_xticks(np.arange(len(names)), names)
-    axes[1].set_title("151,936-token vocabulary")
+    axes[1].set_title('151,936-token vocabulary')
     axes[1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=BENCH / "results")
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--device', default='cpu')
+    ap.add_argument('--tokens', type=int, default=64)
+    ap.add_argument('--repeat', type=int, default=3)
+    ap.add_argument('--threads', type=int, default=2)
+    ap.add_argument('--out', type=Path, default=BENCH / 'results')
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"device": args.device, "threads": args.threads, "models": []}
+    result = {'device': args.device, 'threads': args.threads, 'models': []}
     with tempfile.TemporaryDirectory() as tmp:
-        mid = tiny_checkpoint.make_tiny_checkpoint(Path(tmp) / "mid", text_config=evr.TEXT,
+        mid = tiny_checkpoint.make_tiny_checkpoint(Path(tmp) / 'mid', text_config=evr.TEXT,
                                                    vision_config=evr.VISION)
-        for name, path in (("demo", DEMO), ("mid-size", mid)):
-            result["models"].append(bench_model(name, path, args.device, args.tokens,
+        for name, path in (('demo', DEMO), ('mid-size', mid)):
+            result['models'].append(bench_model(name, path, args.device, args.tokens,
                                                 args.repeat))
-    result["vocabulary_151936"] = bench_vocabulary(args.out)
+    result['vocabulary_151936'] = bench_vocabulary(args.out)
     text = json.dumps(result, indent=2)
     print(text)
-    (args.out / f"structured_{args.device}.json").write_text(text + "\n")
-    plot(result, args.out / f"structured_{args.device}.png")
+    (args.out / f'structured_{args.device}.json').write_text(text + '\n')
+    plot(result, args.out / f'structured_{args.device}.png')
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
     main()

@@ -37,68 +37,68 @@ VOCAB = 151936  # the logits' width (Qwen3-VL pads the tokenizer's 151,669 ids t
 REGULAR_TOKENS = 151643
 
 ROBOT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "colour": {"type": "string", "enum": ["red", "green", "blue", "yellow"]},
-        "shape": {"type": "string", "enum": ["cube", "sphere", "cylinder"]},
-        "count": {"type": "integer", "minimum": 0},
+    'type': 'object',
+    'properties': {
+        'colour': {'type': 'string', 'enum': ['red', 'green', 'blue', 'yellow']},
+        'shape': {'type': 'string', 'enum': ['cube', 'sphere', 'cylinder']},
+        'count': {'type': 'integer', 'minimum': 0},
     },
-    "required": ["colour", "shape", "count"],
-    "additionalProperties": False,
+    'required': ['colour', 'shape', 'count'],
+    'additionalProperties': False,
 }
 NESTED_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "objects": {"type": "array", "items": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "colour": {"type": "string", "enum": ["red", "green", "blue", "yellow"]},
-                "position": {"type": "object", "properties": {
-                    "x": {"type": "number"}, "y": {"type": "number"}, "z": {"type": "number"}},
-                    "required": ["x", "y", "z"], "additionalProperties": False},
-                "graspable": {"type": "boolean"},
+    'type': 'object',
+    'properties': {
+        'objects': {'type': 'array', 'items': {
+            'type': 'object',
+            'properties': {
+                'name': {'type': 'string'},
+                'colour': {'type': 'string', 'enum': ['red', 'green', 'blue', 'yellow']},
+                'position': {'type': 'object', 'properties': {
+                    'x': {'type': 'number'}, 'y': {'type': 'number'}, 'z': {'type': 'number'}},
+                    'required': ['x', 'y', 'z'], 'additionalProperties': False},
+                'graspable': {'type': 'boolean'},
             },
-            "required": ["name", "colour", "position", "graspable"],
-            "additionalProperties": False,
+            'required': ['name', 'colour', 'position', 'graspable'],
+            'additionalProperties': False,
         }},
-        "action": {"type": "string", "enum": ["pick", "place", "wait"]},
+        'action': {'type': 'string', 'enum': ['pick', 'place', 'wait']},
     },
-    "required": ["objects", "action"],
-    "additionalProperties": False,
+    'required': ['objects', 'action'],
+    'additionalProperties': False,
 }
 NESTED_ANSWER = {
-    "objects": [
-        {"name": f"part number {i} on the left shelf", "colour": ["red", "blue"][i % 2],
-         "position": {"x": 0.25 * i, "y": -1.5 + i, "z": 0.125}, "graspable": i % 2 == 0}
+    'objects': [
+        {'name': f'part number {i} on the left shelf', 'colour': ['red', 'blue'][i % 2],
+         'position': {'x': 0.25 * i, 'y': -1.5 + i, 'z': 0.125}, 'graspable': i % 2 == 0}
         for i in range(5)
     ],
-    "action": "pick",
+    'action': 'pick',
 }
-REGEX = r"(left|right|ahead), [0-9]{1,3} cm, (grasp|push|skip)"
+REGEX = r'(left|right|ahead), [0-9]{1,3} cm, (grasp|push|skip)'
 GRAMMARS = {
     # name: (response_format, a valid answer)
-    "robot_schema": ({"type": "json_schema", "schema": ROBOT_SCHEMA},
-                     json.dumps({"colour": "blue", "shape": "cylinder", "count": 3})),
-    "nested_schema": ({"type": "json_schema", "schema": NESTED_SCHEMA},
+    'robot_schema': ({'type': 'json_schema', 'schema': ROBOT_SCHEMA},
+                     json.dumps({'colour': 'blue', 'shape': 'cylinder', 'count': 3})),
+    'nested_schema': ({'type': 'json_schema', 'schema': NESTED_SCHEMA},
                       json.dumps(NESTED_ANSWER)),
-    "json_object": ({"type": "json_object"}, json.dumps(NESTED_ANSWER)),
-    "regex": ({"type": "regex", "pattern": REGEX}, "right, 125 cm, grasp"),
+    'json_object': ({'type': 'json_object'}, json.dumps(NESTED_ANSWER)),
+    'regex': ({'type': 'regex', 'pattern': REGEX}, 'right, 125 cm, grasp'),
 }
 
 
 def big_tokenizer(out: Path):
     """A byte-level BPE of 151,643 regular tokens + the Qwen specials (cached under ``out``)."""
-    path = out / "bpe151643" / "tokenizer.json"
+    path = out / 'bpe151643' / 'tokenizer.json'
     if not path.is_file():
         rng = random.Random(0)
-        letters = "abcdefghijklmnopqrstuvwxyz"
+        letters = 'abcdefghijklmnopqrstuvwxyz'
         words = set()
         while len(words) < 300_000:
-            word = "".join(rng.choice(letters) for _ in range(rng.randint(2, 12)))
+            word = ''.join(rng.choice(letters) for _ in range(rng.randint(2, 12)))
             words.add(word.capitalize() if rng.random() < 0.3 else word)
         words = sorted(words)
-        corpus = [" ".join(words[i:i + 20]) + f'. {{"{words[i]}": {rng.randint(0, 99999)}}}\n'
+        corpus = [' '.join(words[i:i + 20]) + f'. {{"{words[i]}": {rng.randint(0, 99999)}}}\n'
                   for i in range(0, len(words), 20)]
         path.parent.mkdir(parents=True, exist_ok=True)
         train_tokenizer(corpus, vocab_size=REGULAR_TOKENS).save(str(path))
@@ -124,14 +124,14 @@ def token_bytes(tok) -> list[bytes]:
     dec = _byte_decoder()
     vocab = tok.get_vocab()
     special = {t.content for t in tok.get_added_tokens_decoder().values()}
-    out = [b""] * len(vocab)
+    out = [b''] * len(vocab)
     for text, i in vocab.items():
         out[i] = text.encode() if text in special else bytes(dec[c] for c in text)
     return out
 
 
 class _XGrammar:
-    name = "xgrammar"
+    name = 'xgrammar'
 
     def __init__(self, tok_path, tok, stop_ids):
         import torch
@@ -146,11 +146,11 @@ class _XGrammar:
 
     def compile(self, fmt):
         c = self.compiler
-        if fmt["type"] == "json_schema":
-            return c.compile_json_schema(json.dumps(fmt["schema"]))
-        if fmt["type"] == "json_object":
+        if fmt['type'] == 'json_schema':
+            return c.compile_json_schema(json.dumps(fmt['schema']))
+        if fmt['type'] == 'json_object':
             return c.compile_builtin_json_grammar()
-        return c.compile_regex(fmt["pattern"])
+        return c.compile_regex(fmt['pattern'])
 
     def matcher(self, compiled):
         return self.xgr.GrammarMatcher(compiled)
@@ -163,7 +163,7 @@ class _XGrammar:
 
 
 class _LLGuidance:
-    name = "llguidance"
+    name = 'llguidance'
 
     def __init__(self, tok_path, tok, stop_ids):
         import llguidance
@@ -175,12 +175,12 @@ class _LLGuidance:
 
     def compile(self, fmt):
         m = self.ll.LLMatcher
-        if fmt["type"] == "json_schema":
-            grammar = m.grammar_from_json_schema(fmt["schema"])
-        elif fmt["type"] == "json_object":
-            grammar = m.grammar_from_json_schema({"type": "object"})
+        if fmt['type'] == 'json_schema':
+            grammar = m.grammar_from_json_schema(fmt['schema'])
+        elif fmt['type'] == 'json_object':
+            grammar = m.grammar_from_json_schema({'type': 'object'})
         else:
-            grammar = m.grammar_from_regex(fmt["pattern"])
+            grammar = m.grammar_from_regex(fmt['pattern'])
         matcher = m(self.tokenizer, grammar)  # llguidance compiles when a matcher is made
         assert not matcher.is_error(), matcher.get_error()
         return grammar
@@ -196,7 +196,7 @@ class _LLGuidance:
 
 
 class _OutlinesCore:
-    name = "outlines-core"
+    name = 'outlines-core'
 
     def __init__(self, tok_path, tok, stop_ids):
         import outlines_core
@@ -205,7 +205,7 @@ class _OutlinesCore:
         mapping: dict[bytes, list[int]] = {}
         special = {t.content for t in tok.get_added_tokens_decoder().values()}
         for i, b in enumerate(token_bytes(tok)):
-            if b.decode(errors="replace") not in special:
+            if b.decode(errors='replace') not in special:
                 mapping.setdefault(b, []).append(i)
         self.eos = stop_ids[0]
         self.vocab = outlines_core.Vocabulary(self.eos, mapping)
@@ -214,13 +214,13 @@ class _OutlinesCore:
     def compile(self, fmt):
         from outlines_core.json_schema import build_regex_from_schema
 
-        if fmt["type"] == "json_schema":
-            regex = build_regex_from_schema(json.dumps(fmt["schema"]))
-        elif fmt["type"] == "json_object":
+        if fmt['type'] == 'json_schema':
+            regex = build_regex_from_schema(json.dumps(fmt['schema']))
+        elif fmt['type'] == 'json_object':
             # Regex-only: an object of any depth is not a regular language; depth 2 here.
-            regex = build_regex_from_schema(json.dumps({"type": "object"}))
+            regex = build_regex_from_schema(json.dumps({'type': 'object'}))
         else:
-            regex = fmt["pattern"]
+            regex = fmt['pattern']
         return self.oc.Index(regex, self.vocab)
 
     def matcher(self, index):
@@ -246,15 +246,15 @@ def measure(lib_cls, tok_path, tok, stop_ids):
         lib = lib_cls(tok_path, tok, stop_ids)
         tokenizer_s = time.perf_counter() - t0
     except ImportError as exc:
-        return {"error": f"not importable: {exc}"}
-    out = {"tokenizer_s": round(tokenizer_s, 3), "grammars": {}}
+        return {'error': f'not importable: {exc}'}
+    out = {'tokenizer_s': round(tokenizer_s, 3), 'grammars': {}}
     for name, (fmt, answer) in GRAMMARS.items():
         try:
             t0 = time.perf_counter()
             compiled = lib.compile(fmt)
             compile_s = time.perf_counter() - t0
         except Exception as exc:  # a library that cannot express the grammar
-            out["grammars"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            out['grammars'][name] = {'error': f'{type(exc).__name__}: {exc}'[:300]}
             continue
         ids = tok.encode(answer).ids
         fills, accepts, starts = [], [], []
@@ -273,39 +273,39 @@ def measure(lib_cls, tok_path, tok, stop_ids):
                     fills.append(t1 - t0)
                     accepts.append(t2 - t1)
                     if not ok:
-                        raise ValueError(f"token {token} refused")
+                        raise ValueError(f'token {token} refused')
         except Exception as exc:  # the answer (or its stop token) refused
-            out["grammars"][name] = {"compile_s": round(compile_s, 4),
-                                     "error": f"{type(exc).__name__}: {exc}"[:300]}
+            out['grammars'][name] = {'compile_s': round(compile_s, 4),
+                                     'error': f'{type(exc).__name__}: {exc}'[:300]}
             continue
         fills = fills[len(fills) // 3:]
         accepts = accepts[len(accepts) // 3:]
-        out["grammars"][name] = {
-            "compile_s": round(compile_s, 4),
+        out['grammars'][name] = {
+            'compile_s': round(compile_s, 4),
             # a new request: its matcher and first mask (the first walk's, caches cold)
-            "first_mask_ms": round(starts[0] * 1e3, 3),
-            "tokens": len(ids) + 1,
-            "mask_ms_mean": round(statistics.fmean(fills) * 1e3, 4),
-            "mask_ms_p99": round(float(np.percentile(fills, 99)) * 1e3, 4),
-            "accept_ms_mean": round(statistics.fmean(accepts) * 1e3, 4),
+            'first_mask_ms': round(starts[0] * 1e3, 3),
+            'tokens': len(ids) + 1,
+            'mask_ms_mean': round(statistics.fmean(fills) * 1e3, 4),
+            'mask_ms_p99': round(float(np.percentile(fills, 99)) * 1e3, 4),
+            'accept_ms_mean': round(statistics.fmean(accepts) * 1e3, 4),
         }
     return out
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--out', type=Path, default=Path(__file__).resolve().parent / 'results')
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     tok_path, tok = big_tokenizer(args.out)
-    stop_ids = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
-    result = {"vocab_size": VOCAB, "tokenizer_tokens": tok.get_vocab_size(), "libraries": {}}
+    stop_ids = [tok.token_to_id('<|im_end|>'), tok.token_to_id('<|endoftext|>')]
+    result = {'vocab_size': VOCAB, 'tokenizer_tokens': tok.get_vocab_size(), 'libraries': {}}
     for lib_cls in LIBRARIES:
-        result["libraries"][lib_cls.name] = measure(lib_cls, tok_path, tok, stop_ids)
+        result['libraries'][lib_cls.name] = measure(lib_cls, tok_path, tok, stop_ids)
     text = json.dumps(result, indent=2)
     print(text)
-    (args.out / "structured_libraries.json").write_text(text + "\n")
+    (args.out / 'structured_libraries.json').write_text(text + '\n')
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
     main()

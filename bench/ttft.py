@@ -49,11 +49,11 @@ import orin_llm_node.engine.llm_engine as llm_engine_module  # noqa: E402
 from orin_llm_node.engine.vision_cache import VisionCache  # noqa: E402
 from orin_llm_node.testing import tiny_checkpoint  # noqa: E402
 
-FRAMES = {"448x448": (448, 448), "640x480": (480, 640)}
+FRAMES = {'448x448': (448, 448), '640x480': (480, 640)}
 # Follow-up question lengths (tokens of text): all different, so every suffix is a new shape.
 FOLLOW_UPS = (9, 14, 19, 23, 28, 33, 38, 44, 51, 60)
 def model_dir(size: str, out: Path) -> Path:
-    if size != "small":
+    if size != 'small':
         return gd.make_model_dir(size, out)
     path = tiny_checkpoint.make_tiny_checkpoint(out, text_config=evr.TEXT,
                                                 vision_config=evr.VISION)
@@ -83,14 +83,14 @@ class PrefillTimer:
                 end.record()
                 end.synchronize()
                 device = start.elapsed_time(end) / 1e3
-            self.calls.append({"tokens": len(token_ids), "host_s": host, "device_s": device})
+            self.calls.append({'tokens': len(token_ids), 'host_s': host, 'device_s': device})
             return logits
 
         runner.prefill = timed
 
 
 def sync(device: str) -> None:
-    if device == "cuda":
+    if device == 'cuda':
         torch.cuda.synchronize()
 
 
@@ -107,24 +107,24 @@ def vision_ms(engine, device: str, reps: int = 5) -> dict:
             engine.runner.encode_image(image.pixel_values, image.grid_thw)
             sync(device)
             times.append(time.perf_counter() - t0)
-        out[name] = {"grid_thw": list(image.grid_thw), "tokens": image.num_tokens,
-                     "ms": statistics.median(times) * 1e3}
+        out[name] = {'grid_thw': list(image.grid_thw), 'tokens': image.num_tokens,
+                     'ms': statistics.median(times) * 1e3}
     return out
 
 
 def bench_model(size: str, args, workdir: Path) -> dict:
     path = model_dir(size, workdir / size)
-    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    dtype = 'bfloat16' if args.device == 'cuda' else 'float32'
     t0 = time.perf_counter()
     engine = LLMEngine(EngineConfig(model_path=path, device=args.device, dtype=dtype,
                                     max_model_len=8192, kv_cache_memory_mb=args.kv_cache_mb,
                                     block_order_seed=0))
-    out = {"load_s": time.perf_counter() - t0, "dtype": dtype,
-           "cuda_graph_decode": engine.uses_cuda_graph,
-           "prefill_buckets": (list(engine.runner.prefill_graphs.buckets)
+    out = {'load_s': time.perf_counter() - t0, 'dtype': dtype,
+           'cuda_graph_decode': engine.uses_cuda_graph,
+           'prefill_buckets': (list(engine.runner.prefill_graphs.buckets)
                                if engine.runner.prefill_graphs else None)}
-    out["warmup_s"] = engine.warmup(list(FRAMES.values()))
-    timer = PrefillTimer(engine.runner, args.device == "cuda")
+    out['warmup_s'] = engine.warmup(list(FRAMES.values()))
+    timer = PrefillTimer(engine.runner, args.device == 'cuda')
     greedy = SamplingParams(max_tokens=4, ignore_eos=True)
     frame = gd.random_rgb(0, 448)
 
@@ -137,33 +137,33 @@ def bench_model(size: str, args, workdir: Path) -> dict:
         res = engine.chat(conv, gd.prompt_of(engine, 32, 100 + i), [frame], greedy)
         cold.append(res.ttft_s)
         vision.append(res.vision_s)
-    out["cold"] = {"prompt_tokens": len(res.prompt_token_ids),
-                   "ttft_ms": statistics.median(cold) * 1e3,
-                   "vision_ms": statistics.median(vision) * 1e3}
+    out['cold'] = {'prompt_tokens': len(res.prompt_token_ids),
+                   'ttft_ms': statistics.median(cold) * 1e3,
+                   'vision_ms': statistics.median(vision) * 1e3}
 
     follow = []
     for i, length in enumerate(FOLLOW_UPS):
         before = len(timer.calls)
         res = engine.chat(conv, gd.prompt_of(engine, length, 500 + i), sampling=greedy)
         call = timer.calls[before]  # the turn's own prefill (later ones: after the answer)
-        follow.append({"new_tokens": len(res.prompt_token_ids) - res.cached_tokens,
-                       "context": len(res.prompt_token_ids), "ttft_ms": res.ttft_s * 1e3,
-                       "prefill_host_ms": call["host_s"] * 1e3,
-                       "prefill_device_ms": (None if call["device_s"] is None
-                                             else call["device_s"] * 1e3)})
-    ttfts = [f["ttft_ms"] for f in follow]
+        follow.append({'new_tokens': len(res.prompt_token_ids) - res.cached_tokens,
+                       'context': len(res.prompt_token_ids), 'ttft_ms': res.ttft_s * 1e3,
+                       'prefill_host_ms': call['host_s'] * 1e3,
+                       'prefill_device_ms': (None if call['device_s'] is None
+                                             else call['device_s'] * 1e3)})
+    ttfts = [f['ttft_ms'] for f in follow]
     p50 = statistics.median(ttfts)
-    out["follow_ups"] = follow
-    out["follow_up_ttft_ms"] = {"p50": p50, "max": max(ttfts)}
-    out["follow_up_vs_cold"] = p50 / out["cold"]["ttft_ms"]
-    out["slowest_vs_median"] = max(ttfts) / p50
-    out["vision_tower"] = vision_ms(engine, args.device)
-    out["targets"] = {"follow_up_le_20pct_of_cold": out["follow_up_vs_cold"] <= 0.2,
-                      "slowest_le_1.5x_median": out["slowest_vs_median"] <= 1.5,
-                      "cold_le_30ms (2B, H100)": out["cold"]["ttft_ms"] <= 30}
+    out['follow_ups'] = follow
+    out['follow_up_ttft_ms'] = {'p50': p50, 'max': max(ttfts)}
+    out['follow_up_vs_cold'] = p50 / out['cold']['ttft_ms']
+    out['slowest_vs_median'] = max(ttfts) / p50
+    out['vision_tower'] = vision_ms(engine, args.device)
+    out['targets'] = {'follow_up_le_20pct_of_cold': out['follow_up_vs_cold'] <= 0.2,
+                      'slowest_le_1.5x_median': out['slowest_vs_median'] <= 1.5,
+                      'cold_le_30ms (2B, H100)': out['cold']['ttft_ms'] <= 30}
     del engine
     gd._MODELS.clear()
-    if args.device == "cuda":
+    if args.device == 'cuda':
         torch.cuda.empty_cache()
     return out
 
@@ -171,32 +171,32 @@ def bench_model(size: str, args, workdir: Path) -> dict:
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    models = result["models"]
+    models = result['models']
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     names = list(models)
     x = np.arange(len(names))
-    for i, (key, label) in enumerate((("cold", "cold image turn"), ("p50", "follow-up p50"),
-                                      ("max", "follow-up max"))):
-        vals = [models[n]["cold"]["ttft_ms"] if key == "cold"
-                else models[n]["follow_up_ttft_ms"][key] for n in names]
+    for i, (key, label) in enumerate((('cold', 'cold image turn'), ('p50', 'follow-up p50'),
+                                      ('max', 'follow-up max'))):
+        vals = [models[n]['cold']['ttft_ms'] if key == 'cold'
+                else models[n]['follow_up_ttft_ms'][key] for n in names]
         axes[0].bar(x + (i - 1) * 0.27, vals, 0.27, label=label)
     axes[0].set_xticks(x, names)
-    axes[0].set_ylabel("time to first token (ms)")
+    axes[0].set_ylabel('time to first token (ms)')
     axes[0].legend()
     for n in names:
-        f = models[n]["follow_ups"]
-        axes[1].plot([e["new_tokens"] for e in f], [e["ttft_ms"] for e in f], "o-", label=n)
-    axes[1].set_xlabel("new tokens of the follow-up (each length seen once)")
-    axes[1].set_ylabel("time to first token (ms)")
+        f = models[n]['follow_ups']
+        axes[1].plot([e['new_tokens'] for e in f], [e['ttft_ms'] for e in f], 'o-', label=n)
+    axes[1].set_xlabel('new tokens of the follow-up (each length seen once)')
+    axes[1].set_ylabel('time to first token (ms)')
     axes[1].legend()
     for i, frame in enumerate(FRAMES):
-        axes[2].bar(x + (i - 0.5) * 0.4, [models[n]["vision_tower"][frame]["ms"] for n in names],
+        axes[2].bar(x + (i - 0.5) * 0.4, [models[n]['vision_tower'][frame]['ms'] for n in names],
                     0.4, label=frame)
     axes[2].set_xticks(x, names)
-    axes[2].set_ylabel("vision tower (ms)")
+    axes[2].set_ylabel('vision tower (ms)')
     axes[2].legend()
     fig.suptitle(f"time to first token on {result['device']}")
     fig.tight_layout()
@@ -204,39 +204,39 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--models", default=None, help="2b,8b (GPU, default) or small (CPU)")
-    p.add_argument("--repeat", type=int, default=3, help="cold turns (median)")
-    p.add_argument("--kv-cache-mb", type=float, default=None)
-    p.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (0: default)")
-    p.add_argument("--out", type=Path, default=BENCH / "results")
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--device', default='cuda', choices=['cuda', 'cpu'])
+    p.add_argument('--models', default=None, help='2b,8b (GPU, default) or small (CPU)')
+    p.add_argument('--repeat', type=int, default=3, help='cold turns (median)')
+    p.add_argument('--kv-cache-mb', type=float, default=None)
+    p.add_argument('--threads', type=int, default=1, help='CPU intra-op threads (0: default)')
+    p.add_argument('--out', type=Path, default=BENCH / 'results')
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("ttft: no CUDA GPU (use --device cpu)")
-    if args.device == "cpu" and args.threads > 0:
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        sys.exit('ttft: no CUDA GPU (use --device cpu)')
+    if args.device == 'cpu' and args.threads > 0:
         torch.set_num_threads(args.threads)
-    args.models = args.models or ("2b,8b" if args.device == "cuda" else "small")
-    args.kv_cache_mb = args.kv_cache_mb or (4096 if args.device == "cuda" else 64)
+    args.models = args.models or ('2b,8b' if args.device == 'cuda' else 'small')
+    args.kv_cache_mb = args.kv_cache_mb or (4096 if args.device == 'cuda' else 64)
     gd.DEV = args.device
-    if args.device == "cuda":  # random weights built on the GPU, no checkpoint on disk
+    if args.device == 'cuda':  # random weights built on the GPU, no checkpoint on disk
         llm_engine_module.load_model = gd.random_load_model
-    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    result = {"device": name, "torch": torch.__version__, "models": {}}
+    name = torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'
+    result = {'device': name, 'torch': torch.__version__, 'models': {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for size in args.models.split(","):
-            result["models"][size] = bench_model(size, args, Path(tmp))
+        for size in args.models.split(','):
+            result['models'][size] = bench_model(size, args, Path(tmp))
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"ttft_{args.device}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    stem = f'ttft_{args.device}'
+    (args.out / f'{stem}.json').write_text(json.dumps(result, indent=2))
     try:
-        plot(result, args.out / f"{stem}.png")
-        result["png"] = str(args.out / f"{stem}.png")
+        plot(result, args.out / f'{stem}.png')
+        result['png'] = str(args.out / f'{stem}.png')
     except ImportError as exc:  # a bare GPU box may lack matplotlib; the JSON is written
-        print(f"ttft: no PNG ({exc})", file=sys.stderr)
+        print(f'ttft: no PNG ({exc})', file=sys.stderr)
     print(json.dumps(result, indent=2))
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
     sys.exit(main())

@@ -42,9 +42,9 @@ import engine_vs_reference as evr  # noqa: E402  (the mid-size shape, child/thre
 
 SECONDS, FPS, SIDE = 4, 2, 448
 SYSTEM = "You are a robot's camera assistant. Answer briefly."
-QUESTION = "What moved in the clip, and which way did it go?"
-FOLLOW_UP = "Was it red?"
-OTHER_QUESTION = "Describe the scene in the clip."
+QUESTION = 'What moved in the clip, and which way did it go?'
+FOLLOW_UP = 'Was it red?'
+OTHER_QUESTION = 'Describe the scene in the clip.'
 NEW_TOKENS = 16
 
 
@@ -66,11 +66,11 @@ def run_ours(ckpt: str, threads: int, repeat: int, queue) -> None:
     from orin_llm_node.processing import VideoClip
 
     out = {}
-    eng = LLMEngine(EngineConfig(model_path=ckpt, device="cpu", max_model_len=evr.MAX_MODEL_LEN,
+    eng = LLMEngine(EngineConfig(model_path=ckpt, device='cpu', max_model_len=evr.MAX_MODEL_LEN,
                                  kv_cache_memory_mb=evr.KV_MB))
     greedy = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     warm = eng.new_conversation(SYSTEM)
-    eng.chat(warm, "Hello.", videos=[VideoClip(*clip_frames(999))],
+    eng.chat(warm, 'Hello.', videos=[VideoClip(*clip_frames(999))],
              sampling=SamplingParams(max_tokens=2, ignore_eos=True))
     eng.reset()
     cold, vision, follow, same = [], [], [], []
@@ -137,34 +137,34 @@ def run_reference(ckpt: str, threads: int, prompt_ids, follow_ids, frames, queue
     generate(prompt_ids, 2)  # warm-up
     tokens, cold = generate(prompt_ids, NEW_TOKENS)
     follow_tokens, follow = generate(follow_ids, NEW_TOKENS)
-    queue.put({"cold_ttft_s": cold, "follow_up_ttft_s": follow, "token_ids": tokens,
-               "follow_up_token_ids": follow_tokens})
+    queue.put({'cold_ttft_s': cold, 'follow_up_ttft_s': follow, 'token_ids': tokens,
+               'follow_up_token_ids': follow_tokens})
 
 
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    ours, ref = result["ours"], result["reference"]
+    ours, ref = result['ours'], result['reference']
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     panels = [
-        ("cold turn: time to first token (ms)", ["ours", "transformers"],
-         [ours["cold_ttft_s"] * 1e3, ref["cold_ttft_s"] * 1e3]),
-        ("with the clip cached: time to first token (ms)",
-         ["ours: follow-up", "ours: same clip,\nnew question", "transformers:\nfollow-up"],
-         [ours["follow_up_ttft_s"] * 1e3, ours["same_clip_new_question_ttft_s"] * 1e3,
-          ref["follow_up_ttft_s"] * 1e3]),
+        ('cold turn: time to first token (ms)', ['ours', 'transformers'],
+         [ours['cold_ttft_s'] * 1e3, ref['cold_ttft_s'] * 1e3]),
+        ('with the clip cached: time to first token (ms)',
+         ['ours: follow-up', 'ours: same clip,\nnew question', 'transformers:\nfollow-up'],
+         [ours['follow_up_ttft_s'] * 1e3, ours['same_clip_new_question_ttft_s'] * 1e3,
+          ref['follow_up_ttft_s'] * 1e3]),
     ]
     for ax, (title, labels, values) in zip(axes, panels, strict=True):
-        bars = ax.bar(labels, values, color=["tab:blue", "tab:cyan", "tab:orange"][:len(values)])
-        ax.bar_label(bars, fmt="%.0f")
+        bars = ax.bar(labels, values, color=['tab:blue', 'tab:cyan', 'tab:orange'][:len(values)])
+        ax.bar_label(bars, fmt='%.0f')
         ax.set_title(title)
-    axes[1].axhline(0.3 * ours["cold_ttft_s"] * 1e3, color="tab:red", linestyle="--",
-                    label="target: 0.3 x our cold turn")
+    axes[1].axhline(0.3 * ours['cold_ttft_s'] * 1e3, color='tab:red', linestyle='--',
+                    label='target: 0.3 x our cold turn')
     axes[1].legend()
-    cfg = result["config"]
+    cfg = result['config']
     fig.suptitle(f"video clip {cfg['clip']} ({ours['video_tokens']} video tokens), "
                  f"{cfg['model']} model, CPU fp32, {cfg['cpu_threads']} thread(s)")
     fig.tight_layout()
@@ -173,45 +173,45 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mid", choices=["mid", "tiny"])
-    parser.add_argument("--out", default=str(BENCH / "results"))
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--repeat", type=int, default=3, help="cold turns (median)")
+    parser.add_argument('--model', default='mid', choices=['mid', 'tiny'])
+    parser.add_argument('--out', default=str(BENCH / 'results'))
+    parser.add_argument('--threads', type=int, default=1, help='torch intra-op threads')
+    parser.add_argument('--repeat', type=int, default=3, help='cold turns (median)')
     args = parser.parse_args(argv)
     from orin_llm_node.testing import make_tiny_checkpoint
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        shape = {"text_config": evr.TEXT, "vision_config": evr.VISION} if args.model == "mid" \
+        shape = {'text_config': evr.TEXT, 'vision_config': evr.VISION} if args.model == 'mid' \
             else {}
         ckpt = str(make_tiny_checkpoint(Path(tmp) / args.model, seed=0, **shape))
         ours = evr._child(run_ours, ckpt, args.threads, args.repeat)
-        ref = evr._child(run_reference, ckpt, args.threads, ours.pop("prompt_token_ids"),
-                         ours.pop("follow_up_prompt_token_ids"), ours.pop("frames"))
-    same = (ours.pop("token_ids") == ref.pop("token_ids")
-            and ours.pop("follow_up_token_ids") == ref.pop("follow_up_token_ids"))
+        ref = evr._child(run_reference, ckpt, args.threads, ours.pop('prompt_token_ids'),
+                         ours.pop('follow_up_prompt_token_ids'), ours.pop('frames'))
+    same = (ours.pop('token_ids') == ref.pop('token_ids')
+            and ours.pop('follow_up_token_ids') == ref.pop('follow_up_token_ids'))
     result = {
-        "config": {"model": args.model, "clip": f"{SECONDS} s at {FPS} fps, {SIDE}x{SIDE}",
-                   "new_tokens": NEW_TOKENS, "cpu_threads": args.threads,
-                   "repeat": args.repeat},
-        "ours": ours,
-        "reference": ref,
-        "tokens_identical": same,
-        "follow_up_vs_cold": ours["follow_up_ttft_s"] / ours["cold_ttft_s"],
-        "same_clip_new_question_vs_cold": (
-            ours["same_clip_new_question_ttft_s"] / ours["cold_ttft_s"]),
-        "target_follow_up_vs_cold": 0.3,
-        "cold_speedup_vs_transformers": ref["cold_ttft_s"] / ours["cold_ttft_s"],
+        'config': {'model': args.model, 'clip': f'{SECONDS} s at {FPS} fps, {SIDE}x{SIDE}',
+                   'new_tokens': NEW_TOKENS, 'cpu_threads': args.threads,
+                   'repeat': args.repeat},
+        'ours': ours,
+        'reference': ref,
+        'tokens_identical': same,
+        'follow_up_vs_cold': ours['follow_up_ttft_s'] / ours['cold_ttft_s'],
+        'same_clip_new_question_vs_cold': (
+            ours['same_clip_new_question_ttft_s'] / ours['cold_ttft_s']),
+        'target_follow_up_vs_cold': 0.3,
+        'cold_speedup_vs_transformers': ref['cold_ttft_s'] / ours['cold_ttft_s'],
     }
-    png = out_dir / f"video_{args.model}.png"
+    png = out_dir / f'video_{args.model}.png'
     plot(result, png)
-    result["png"] = str(png)
-    (out_dir / f"video_{args.model}.json").write_text(json.dumps(result, indent=2))
+    result['png'] = str(png)
+    (out_dir / f'video_{args.model}.json').write_text(json.dumps(result, indent=2))
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == '__main__':
     sys.exit(main())

@@ -5,7 +5,7 @@
 This module imports nothing else of the package, so any layer may raise or catch them.
 """
 
-__all__ = ["LoadInterrupted", "ModelLoadError"]
+__all__ = ['LoadInterrupted', 'ModelLoadError']
 
 
 class ModelLoadError(ValueError):

@@ -14,27 +14,27 @@ Two kinds, both installed by ``setup.py``:
 
 from pathlib import Path
 
-__all__ = ["DEMO_MODEL_DIR", "PACKAGE", "PACKAGE_DIR", "share_dir"]
+__all__ = ['DEMO_MODEL_DIR', 'PACKAGE', 'PACKAGE_DIR', 'share_dir']
 
-PACKAGE = "orin_llm_node"
+PACKAGE = 'orin_llm_node'
 #: The imported package's directory (a checkout's or an install's site-packages copy).
 PACKAGE_DIR = Path(__file__).resolve().parent
 #: The embedded demo checkpoint (package data).
-DEMO_MODEL_DIR = PACKAGE_DIR / "demo_model"
+DEMO_MODEL_DIR = PACKAGE_DIR / 'demo_model'
 
 # Every share directory holds the package manifest, so it marks a candidate as the real one.
-_MARKER = "package.xml"
+_MARKER = 'package.xml'
 
 
 def _candidates():
     # Imported from a checkout: the repository root (package.xml beside setup.py) is the share.
-    if (PACKAGE_DIR.parent / "setup.py").is_file():
+    if (PACKAGE_DIR.parent / 'setup.py').is_file():
         yield PACKAGE_DIR.parent
     # <prefix>/lib/pythonX.Y/site-packages/orin_llm_node: colcon, pip, Debian's dist-packages.
     if len(PACKAGE_DIR.parents) > 3:
-        yield PACKAGE_DIR.parents[3] / "share" / PACKAGE
+        yield PACKAGE_DIR.parents[3] / 'share' / PACKAGE
     # pip install --target DIR: DIR/orin_llm_node and DIR/share/orin_llm_node.
-    yield PACKAGE_DIR.parent / "share" / PACKAGE
+    yield PACKAGE_DIR.parent / 'share' / PACKAGE
     # Any other layout of a sourced ROS workspace.
     try:
         from ament_index_python.packages import get_package_share_directory

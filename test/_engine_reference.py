@@ -16,7 +16,7 @@ from transformers import Qwen2VLImageProcessorPil, Qwen3VLForConditionalGenerati
 # built); its plain functions -- sample_frames, smart_resize, patchify -- are called with a
 # namespace standing in for the processor.
 QWEN3VL_VIDEO = importlib.import_module(
-    "transformers.models.qwen3_vl.video_processing_qwen3_vl")
+    'transformers.models.qwen3_vl.video_processing_qwen3_vl')
 
 
 def random_image(seed, height, width):
@@ -40,7 +40,7 @@ class Reference:
         self.image_token_id = self.model.config.image_token_id
         self.video_token_id = self.model.config.video_token_id
         self.video_config = json.loads(
-            (Path(ckpt) / "video_preprocessor_config.json").read_text())
+            (Path(ckpt) / 'video_preprocessor_config.json').read_text())
         self._memo = {}
 
     def generate(self, prompt_ids, images, max_new_tokens, ignore_eos=False, videos=()):
@@ -62,12 +62,12 @@ class Reference:
         """
         cfg = self.video_config
         video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)[None]
-        mean = torch.tensor(cfg["image_mean"]) * (1.0 / cfg["rescale_factor"])
-        std = torch.tensor(cfg["image_std"]) * (1.0 / cfg["rescale_factor"])
+        mean = torch.tensor(cfg['image_mean']) * (1.0 / cfg['rescale_factor'])
+        std = torch.tensor(cfg['image_std']) * (1.0 / cfg['rescale_factor'])
         video = (video.to(torch.float32) - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)
         ns = types.SimpleNamespace()
         patches, t, h, w = QWEN3VL_VIDEO.Qwen3VLVideoProcessor.patchify(
-            ns, video, cfg["patch_size"], cfg["merge_size"], cfg["temporal_patch_size"])
+            ns, video, cfg['patch_size'], cfg['merge_size'], cfg['temporal_patch_size'])
         return patches[0], torch.tensor([[t, h, w]])
 
     def next_token_logits(self, prompt_ids, images, tokens):
@@ -86,18 +86,18 @@ class Reference:
     def _media_inputs(self, ids, images, videos) -> dict:
         kwargs = {}
         if images:
-            out = self.processor(images=list(images), return_tensors="pt")
+            out = self.processor(images=list(images), return_tensors='pt')
             kwargs = {
-                "pixel_values": out["pixel_values"],
-                "image_grid_thw": out["image_grid_thw"],
+                'pixel_values': out['pixel_values'],
+                'image_grid_thw': out['image_grid_thw'],
             }
         if videos:
             inputs = [self.video_inputs(np.stack(v.frames)) for v in videos]
-            kwargs["pixel_values_videos"] = torch.cat([p for p, _ in inputs])
-            kwargs["video_grid_thw"] = torch.cat([g for _, g in inputs])
+            kwargs['pixel_values_videos'] = torch.cat([p for p, _ in inputs])
+            kwargs['video_grid_thw'] = torch.cat([g for _, g in inputs])
         if kwargs:
             # transformers 5 needs the multimodal token types to build M-RoPE positions.
-            kwargs["mm_token_type_ids"] = ((ids == self.image_token_id).int()
+            kwargs['mm_token_type_ids'] = ((ids == self.image_token_id).int()
                                            + 2 * (ids == self.video_token_id).int())
         return kwargs
 
@@ -118,5 +118,5 @@ class Reference:
 
     def tokens_per_image(self, image):
         """Image pad tokens the reference processor gives ``image``."""
-        grid = self.processor(images=[image], return_tensors="pt")["image_grid_thw"][0]
+        grid = self.processor(images=[image], return_tensors='pt')['image_grid_thw'][0]
         return int(grid.prod()) // self.processor.merge_size**2

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 #: Kernel variant dtype name (also the test id) -> torch dtype.
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 #: Output tolerance: the kernels accumulate in fp32 and round the result to the dtype once.
-ATOL = {"float32": 2e-5, "bfloat16": 1.6e-2, "float16": 2e-3}
+ATOL = {'float32': 2e-5, 'bfloat16': 1.6e-2, 'float16': 2e-3}
 
 
 def skip_without_cuda_kernels() -> None:
     """Skip the importing test module unless a CUDA GPU and CuPy are there (call at import)."""
     if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU", allow_module_level=True)
-    pytest.importorskip("cupy", reason="needs CuPy (cupy-cuda12x / cupy-cuda13x)")
+        pytest.skip('needs a CUDA GPU', allow_module_level=True)
+    pytest.importorskip('cupy', reason='needs CuPy (cupy-cuda12x / cupy-cuda13x)')
 
 
 def eager_like(engine):
@@ -52,4 +52,4 @@ def assert_reference_greedy(ref, result):
     gaps = greedy_gaps(logits, result.token_ids)
     worst = int(gaps.argmax())
     assert gaps[worst] <= FP32_NEAR_TIE, (
-        f"token {worst}: the reference scores it {float(gaps[worst]):.3g} below its best")
+        f'token {worst}: the reference scores it {float(gaps[worst]):.3g} below its best')

@@ -10,7 +10,7 @@ import torch
 
 from orin_llm_node.attention.base import AttentionBackend, causal_attention
 
-__all__ = ["ContiguousAttention"]
+__all__ = ['ContiguousAttention']
 
 
 class ContiguousAttention(AttentionBackend):

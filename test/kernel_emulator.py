@@ -303,7 +303,7 @@ _SIGNATURE = re.compile(
 
 def _c_params(params: str) -> list[str]:
     """The C types of a parameter list, ``__restrict__`` and names dropped."""
-    return [" ".join(w for w in p.split()[:-1] if w != "__restrict__") for p in params.split(",")]
+    return [' '.join(w for w in p.split()[:-1] if w != '__restrict__') for p in params.split(',')]
 
 
 def kernel_signatures(directory: Path | None = None) -> dict[str, list[str]]:
@@ -312,31 +312,31 @@ def kernel_signatures(directory: Path | None = None) -> dict[str, list[str]]:
     for file in (*ks.KERNEL_FILES, *ks.QUANT_KERNEL_FILES):
         for name, params in _SIGNATURE.findall(ks.kernel_source(file, directory)):
             kinds = []
-            for p, ctype in zip(params.split(","), _c_params(params), strict=True):
-                if "*" in p:
-                    kinds.append("ptr")
-                elif ctype == "long long":
-                    kinds.append("int64")
-                elif ctype == "int":
-                    kinds.append("int32")
-                elif ctype == "float":
-                    kinds.append("float32")
+            for p, ctype in zip(params.split(','), _c_params(params), strict=True):
+                if '*' in p:
+                    kinds.append('ptr')
+                elif ctype == 'long long':
+                    kinds.append('int64')
+                elif ctype == 'int':
+                    kinds.append('int32')
+                elif ctype == 'float':
+                    kinds.append('float32')
                 else:
-                    raise ValueError(f"{name}: unsupported parameter {p.strip()!r}")
+                    raise ValueError(f'{name}: unsupported parameter {p.strip()!r}')
             if sigs.setdefault(name, kinds) != kinds:  # bodies under #if share one signature
-                raise ValueError(f"{name}: two definitions with different C signatures")
+                raise ValueError(f'{name}: two definitions with different C signatures')
     return sigs
 
 
-_CTYPES = {"ptr": ctypes.c_void_p, "int32": ctypes.c_int32, "int64": ctypes.c_int64,
-           "float32": ctypes.c_float}
-_NUMPY = {"int32": np.int32, "int64": np.int64, "float32": np.float32}
+_CTYPES = {'ptr': ctypes.c_void_p, 'int32': ctypes.c_int32, 'int64': ctypes.c_int64,
+           'float32': ctypes.c_float}
+_NUMPY = {'int32': np.int32, 'int64': np.int64, 'float32': np.float32}
 _LIBS = {}
 
 
 def compiler_available() -> bool:
     """Whether g++ (C++20) is on PATH."""
-    return shutil.which("g++") is not None
+    return shutil.which('g++') is not None
 
 
 def harness_source(directory: Path | None = None) -> str:
@@ -348,37 +348,37 @@ def harness_source(directory: Path | None = None) -> str:
     for file in (*ks.KERNEL_FILES, *ks.QUANT_KERNEL_FILES):
         includes.append(f'#include "{file}"')
         for name, params in _SIGNATURE.findall(ks.kernel_source(file, directory)):
-            args = ", ".join(f"ARG({i}, {t})" for i, t in enumerate(_c_params(params)))
+            args = ', '.join(f'ARG({i}, {t})' for i, t in enumerate(_c_params(params)))
             branches[name] = (f'  if (n == "{name}") {{\n'
                               f'    auto body = [&] {{ {name}({args}); }};\n'
                               f'    return launch(gx, gy, gz, bx, body);\n  }}')
-    return HARNESS.replace("@INCLUDES@", "\n".join(includes)).replace(
-        "@DISPATCH@", "\n".join(branches.values()))
+    return HARNESS.replace('@INCLUDES@', '\n'.join(includes)).replace(
+        '@DISPATCH@', '\n'.join(branches.values()))
 
 
 def flushes_subnormals(dtype: str, head_dim: int) -> bool:
     """Whether a GPU runs this variant's kernels with fp32 flush-to-zero (CuPy's -ftz=true)."""
-    return all("-ftz=true" in var.nvrtc_options(sm) for sm in ks.TARGET_SMS
-               for var in (ks.variant("kv_write.cu", dtype, head_dim), ks.quant_variant(dtype)))
+    return all('-ftz=true' in var.nvrtc_options(sm) for sm in ks.TARGET_SMS
+               for var in (ks.variant('kv_write.cu', dtype, head_dim), ks.quant_variant(dtype)))
 
 
 def _build(dtype: str, head_dim: int, directory: Path | None = None) -> ctypes.CDLL:
-    options = dict.fromkeys((*ks.variant("kv_write.cu", dtype, head_dim).options,
+    options = dict.fromkeys((*ks.variant('kv_write.cu', dtype, head_dim).options,
                              *ks.quant_variant(dtype).options))
     src_dir = directory or ks.kernels_dir()
     harness = harness_source(directory)
-    sources = "".join(p.read_text() for p in sorted(src_dir.glob("*.cu*")))
-    key = hashlib.sha256("\0".join((harness, sources, *options)).encode()).hexdigest()[:16]
-    cache = Path(tempfile.gettempdir()) / f"orin_llm_kernel_emulator_{key}"
-    lib = cache / "emu.so"
+    sources = ''.join(p.read_text() for p in sorted(src_dir.glob('*.cu*')))
+    key = hashlib.sha256('\0'.join((harness, sources, *options)).encode()).hexdigest()[:16]
+    cache = Path(tempfile.gettempdir()) / f'orin_llm_kernel_emulator_{key}'
+    lib = cache / 'emu.so'
     if not lib.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        cpp = cache / "harness.cpp"
+        cpp = cache / 'harness.cpp'
         cpp.write_text(harness)
-        tmp = cache / f"emu.{id(cpp)}.so"
-        defines = [o for o in options if o.startswith("-D")]
-        cmd = ["g++", "-std=c++20", "-O2", "-shared", "-fPIC", "-w",
-               f"-I{src_dir}", *defines, str(cpp), "-o", str(tmp)]
+        tmp = cache / f'emu.{id(cpp)}.so'
+        defines = [o for o in options if o.startswith('-D')]
+        cmd = ['g++', '-std=c++20', '-O2', '-shared', '-fPIC', '-w',
+               f'-I{src_dir}', *defines, str(cpp), '-o', str(tmp)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode:
             raise RuntimeError(f"emulator build failed:\n{' '.join(cmd)}\n{res.stderr}")
@@ -399,9 +399,9 @@ def _library(dtype: str, head_dim: int, directory: Path | None = None) -> ctypes
 
 def check_grid(name: str, grid) -> None:
     """Raise ``ValueError`` when ``grid`` exceeds CUDA's limits (``GRID_LIMITS``)."""
-    for axis, size, limit in zip("xyz", grid, GRID_LIMITS, strict=True):
+    for axis, size, limit in zip('xyz', grid, GRID_LIMITS, strict=True):
         if not 0 < size <= limit:
-            raise ValueError(f"{name}: gridDim.{axis} = {size}, CUDA allows 1..{limit}")
+            raise ValueError(f'{name}: gridDim.{axis} = {size}, CUDA allows 1..{limit}')
 
 
 def emulated_launch(dtype: str, head_dim: int, directory: Path | None = None):
@@ -418,22 +418,22 @@ def emulated_launch(dtype: str, head_dim: int, directory: Path | None = None):
         check_grid(name, grid)
         kinds = sigs[name]
         if len(args) != len(kinds):
-            raise TypeError(f"{name}: {len(args)} arguments for {len(kinds)} parameters")
+            raise TypeError(f'{name}: {len(args)} arguments for {len(kinds)} parameters')
         values = []
         for i, (arg, kind) in enumerate(zip(args, kinds, strict=True)):
-            if kind == "ptr":
+            if kind == 'ptr':
                 ok = isinstance(arg, int) and not isinstance(arg, bool | np.generic)
             else:
                 ok = type(arg) is _NUMPY[kind]
             if not ok:
-                raise TypeError(f"{name}: argument {i} is {type(arg).__name__}, C wants {kind}")
+                raise TypeError(f'{name}: argument {i} is {type(arg).__name__}, C wants {kind}')
             values.append(_CTYPES[kind](arg))
         argv = (ctypes.c_void_p * len(values))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
         )
         rc = so.emu_launch(name.encode(), *grid, block[0], argv, flush)
         if rc:
-            raise RuntimeError(f"emu_launch({name}, grid={grid}, block={block}) -> {rc}")
+            raise RuntimeError(f'emu_launch({name}, grid={grid}, block={block}) -> {rc}')
 
     return launch
 
@@ -456,13 +456,13 @@ def mma_probe(dtype: str, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.n
     """
     so = _library(dtype, ks.HEAD_DIMS[0])
     a, b = (np.ascontiguousarray(x, dtype=np.uint32) for x in (a, b))
-    out = np.array(acc, dtype=np.float32, order="C")
+    out = np.array(acc, dtype=np.float32, order='C')
     if a.shape != (32, 4) or b.shape != (32, 2) or out.shape != (32, 4):
-        raise ValueError("fragments: a [32, 4], b [32, 2], acc [32, 4]")
+        raise ValueError('fragments: a [32, 4], b [32, 2], acc [32, 4]')
     ptr = ctypes.c_void_p
     rc = so.emu_mma_probe(ptr(a.ctypes.data), ptr(b.ctypes.data), ptr(out.ctypes.data))
     if rc:
-        raise RuntimeError(f"emu_mma_probe -> {rc}")
+        raise RuntimeError(f'emu_mma_probe -> {rc}')
     return out
 
 
@@ -489,12 +489,12 @@ def fused_runner(model, num_blocks, block_size, max_len, launch):
     from orin_llm_node.kernels.cuda_ops import FusedOps
 
     tc = model.config.text
-    runner = ModelRunner(model, num_blocks, block_size, max_len, torch.device("cpu"),
+    runner = ModelRunner(model, num_blocks, block_size, max_len, torch.device('cpu'),
                          torch.float32)
     runner.attn = CudaPagedAttention(runner.kv_cache, tc.num_attention_heads, max_len,
                                      launch=launch)
     runner.attn.warmup()
-    return runner, FusedOps(torch.float32, tc.head_dim, torch.device("cpu"), launch=launch)
+    return runner, FusedOps(torch.float32, tc.head_dim, torch.device('cpu'), launch=launch)
 
 
 def fused_and_torch_steps(ref, runner, ops, launch, prompt, table, decode_steps):

@@ -71,7 +71,7 @@ def test_cached_blocks_are_lru_and_plain_free_blocks_go_first():
 def test_acquire_revives_cached_block_and_shares_used_ones():
     pool = BlockPool(3, 4)
     b = pool.allocate()
-    pool.register(b, b"h" * 16)
+    pool.register(b, b'h' * 16)
     pool.acquire(b)  # a second conversation shares it
     assert pool.ref_count(b) == 2
     pool.release([b])
@@ -84,9 +84,9 @@ def test_acquire_revives_cached_block_and_shares_used_ones():
         pool.acquire(never_used)  # a plain free block holds nothing to hit
 
 
-@pytest.mark.parametrize("num_blocks, block_size", [(0, 16), (-1, 16), (4, 0), (4, -4)])
+@pytest.mark.parametrize('num_blocks, block_size', [(0, 16), (-1, 16), (4, 0), (4, -4)])
 def test_a_pool_without_blocks_or_tokens_is_refused(num_blocks, block_size):
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match='positive'):
         BlockPool(num_blocks, block_size)
 
 
@@ -94,44 +94,44 @@ def test_register_needs_a_referenced_block():
     pool = BlockPool(3, 4)
     never = pool.allocate()
     pool.release([never])  # free again, no hash: unreferenced
-    with pytest.raises(ValueError, match="not referenced"):
-        pool.register(never, b"a" * 16)
+    with pytest.raises(ValueError, match='not referenced'):
+        pool.register(never, b'a' * 16)
     cached = pool.allocate()
-    assert pool.register(cached, b"b" * 16)
+    assert pool.register(cached, b'b' * 16)
     pool.release([cached])  # unreferenced, hash kept: cached
-    with pytest.raises(ValueError, match="not referenced"):
-        pool.register(cached, b"c" * 16)
+    with pytest.raises(ValueError, match='not referenced'):
+        pool.register(cached, b'c' * 16)
     # Nothing changed: the plain block holds no hash, the cached one keeps its own.
-    assert pool.lookup(b"a" * 16) is None and pool.lookup(b"c" * 16) is None
-    assert pool.lookup(b"b" * 16) == cached and counts(pool) == (2, 1, 0)
+    assert pool.lookup(b'a' * 16) is None and pool.lookup(b'c' * 16) is None
+    assert pool.lookup(b'b' * 16) == cached and counts(pool) == (2, 1, 0)
 
 
 def test_register_again_keeps_the_first_hash_of_a_block():
     pool = BlockPool(2, 4)
     b = pool.allocate()
-    assert pool.register(b, b"x" * 16)
-    assert pool.register(b, b"x" * 16)  # the same hash again: still its own
-    assert not pool.register(b, b"y" * 16)  # another hash: refused, the first one kept
-    assert pool.lookup(b"x" * 16) == b and pool.lookup(b"y" * 16) is None
+    assert pool.register(b, b'x' * 16)
+    assert pool.register(b, b'x' * 16)  # the same hash again: still its own
+    assert not pool.register(b, b'y' * 16)  # another hash: refused, the first one kept
+    assert pool.lookup(b'x' * 16) == b and pool.lookup(b'y' * 16) is None
 
 
 def test_duplicate_hash_keeps_first_block():
     pool = BlockPool(2, 4)
     a, b = pool.allocate(), pool.allocate()
-    assert pool.register(a, b"x" * 16)
-    assert not pool.register(b, b"x" * 16)
+    assert pool.register(a, b'x' * 16)
+    assert not pool.register(b, b'x' * 16)
     pool.release([a, b])
     assert counts(pool) == (1, 1, 0)
-    assert pool.lookup(b"x" * 16) == a
+    assert pool.lookup(b'x' * 16) == a
 
 
 def test_clear_cache_forgets_hashes():
     pool = BlockPool(2, 4)
     a = pool.allocate()
-    pool.register(a, b"y" * 16)
+    pool.register(a, b'y' * 16)
     pool.release([a])
     pool.clear_cache()
-    assert counts(pool) == (2, 0, 0) and pool.lookup(b"y" * 16) is None
+    assert counts(pool) == (2, 0, 0) and pool.lookup(b'y' * 16) is None
 
 
 def test_random_operations_keep_invariants():
@@ -171,7 +171,7 @@ def test_block_hash_chains_and_names_images():
     h0 = block_hash(None, toks)
     assert block_hash(None, toks) == h0
     assert block_hash(h0, toks) != h0  # the parent is part of the key
-    img_a, img_b = b"a" * 16, b"b" * 16
+    img_a, img_b = b'a' * 16, b'b' * 16
     # Same placeholder ids, different image -> different block.
     assert block_hash(None, toks, ((img_a, 0),)) != block_hash(None, toks, ((img_b, 0),))
     # Same image at another offset inside the block -> different block.
@@ -183,11 +183,11 @@ def test_extra_keys_name_every_overlapping_image():
         def __init__(self, key, n):
             self.key, self.num_tokens = key, n
 
-    a, b = Img(b"a", 6), Img(b"b", 3)
+    a, b = Img(b'a', 6), Img(b'b', 3)
     spans = [(2, a), (9, b)]
-    assert extra_keys(spans, 0, 4) == ((b"a", 2),)
-    assert extra_keys(spans, 4, 8) == ((b"a", -2),)
-    assert extra_keys(spans, 8, 12) == ((b"b", 1),)
+    assert extra_keys(spans, 0, 4) == ((b'a', 2),)
+    assert extra_keys(spans, 4, 8) == ((b'a', -2),)
+    assert extra_keys(spans, 8, 12) == ((b'b', 1),)
     assert extra_keys(spans, 12, 16) == ()
 
 
@@ -198,36 +198,36 @@ def test_drop_levels_are_large_chunks():
     assert drop_levels(9) == [0, 5, 7, 8, 9]
 
 
-@pytest.mark.parametrize("kwargs, word", [
-    ({"block_size": 0}, "block_size"),
-    ({"num_kv_blocks": -3}, "num_kv_blocks"),
-    ({"device": "tpu"}, "device"),
-    ({"dtype": "int8"}, "dtype"),
-    ({"kv_cache_memory_mb": 0}, "kv_cache_memory_mb"),
-    ({"gpu_memory_fraction": 1.5}, "gpu_memory_fraction"),
-    ({"max_model_len": 0}, "max_model_len"),
-    ({"image_min_pixels": 5000, "image_max_pixels": 4000}, "image_min_pixels"),
-    ({"vision_cache_mb": -1}, "vision_cache_mb"),
+@pytest.mark.parametrize('kwargs, word', [
+    ({'block_size': 0}, 'block_size'),
+    ({'num_kv_blocks': -3}, 'num_kv_blocks'),
+    ({'device': 'tpu'}, 'device'),
+    ({'dtype': 'int8'}, 'dtype'),
+    ({'kv_cache_memory_mb': 0}, 'kv_cache_memory_mb'),
+    ({'gpu_memory_fraction': 1.5}, 'gpu_memory_fraction'),
+    ({'max_model_len': 0}, 'max_model_len'),
+    ({'image_min_pixels': 5000, 'image_max_pixels': 4000}, 'image_min_pixels'),
+    ({'vision_cache_mb': -1}, 'vision_cache_mb'),
 ])
 def test_engine_config_errors_name_the_field(kwargs, word):
     with pytest.raises(ValueError, match=word):
-        EngineConfig(model_path="/x", **kwargs)
+        EngineConfig(model_path='/x', **kwargs)
 
 
 def test_engine_config_auto_resolution():
-    cfg = EngineConfig(model_path="/x", device="cpu")
+    cfg = EngineConfig(model_path='/x', device='cpu')
     dev = cfg.resolve_device()
-    assert dev.type == "cpu" and cfg.resolve_dtype(dev) == torch.float32
-    assert EngineConfig(model_path="/x", dtype="bf16").resolve_dtype(dev) == torch.bfloat16
+    assert dev.type == 'cpu' and cfg.resolve_dtype(dev) == torch.float32
+    assert EngineConfig(model_path='/x', dtype='bf16').resolve_dtype(dev) == torch.bfloat16
 
 
-@pytest.mark.parametrize("kwargs, word", [
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_k": -1}, "top_k"),
-    ({"seed": 1.5}, "seed"),
-    ({"timeout_s": 0}, "timeout_s"),
+@pytest.mark.parametrize('kwargs, word', [
+    ({'max_tokens': 0}, 'max_tokens'),
+    ({'temperature': -0.1}, 'temperature'),
+    ({'top_p': 0.0}, 'top_p'),
+    ({'top_k': -1}, 'top_k'),
+    ({'seed': 1.5}, 'seed'),
+    ({'timeout_s': 0}, 'timeout_s'),
 ])
 def test_sampling_params_errors(kwargs, word):
     with pytest.raises(ValueError, match=word):
@@ -236,34 +236,34 @@ def test_sampling_params_errors(kwargs, word):
 
 def test_sampler_greedy_filters_and_seed():
     logits = torch.tensor([0.1, 3.0, 2.9, -1.0, 0.5])
-    assert Sampler(SamplingParams(), torch.device("cpu"))(logits) == 1
-    assert Sampler(SamplingParams(), torch.device("cpu"), banned_ids=[1])(logits) == 2
+    assert Sampler(SamplingParams(), torch.device('cpu'))(logits) == 1
+    assert Sampler(SamplingParams(), torch.device('cpu'), banned_ids=[1])(logits) == 2
     # top_k=1 and a tiny top_p both reduce sampling to the argmax.
-    assert {Sampler(SamplingParams(temperature=1.0, top_k=1, seed=s), torch.device("cpu"))(
+    assert {Sampler(SamplingParams(temperature=1.0, top_k=1, seed=s), torch.device('cpu'))(
         logits) for s in range(20)} == {1}
-    assert {Sampler(SamplingParams(temperature=1.0, top_p=0.01, seed=s), torch.device("cpu"))(
+    assert {Sampler(SamplingParams(temperature=1.0, top_p=0.01, seed=s), torch.device('cpu'))(
         logits) for s in range(20)} == {1}
     # top_k=2 never leaves the two best tokens; a seed reproduces the draw.
     params = SamplingParams(temperature=2.0, top_k=2, seed=5)
-    draws = [Sampler(params, torch.device("cpu"))(logits) for _ in range(5)]
+    draws = [Sampler(params, torch.device('cpu'))(logits) for _ in range(5)]
     assert len(set(draws)) == 1 and draws[0] in (1, 2)
-    s = Sampler(SamplingParams(temperature=5.0, top_k=2, seed=1), torch.device("cpu"))
+    s = Sampler(SamplingParams(temperature=5.0, top_k=2, seed=1), torch.device('cpu'))
     assert {s(logits) for _ in range(200)} == {1, 2}
-    s = Sampler(SamplingParams(temperature=5.0, seed=1), torch.device("cpu"))
+    s = Sampler(SamplingParams(temperature=5.0, seed=1), torch.device('cpu'))
     assert len({s(logits) for _ in range(200)}) == 5
 
 
 def test_detokenizer_never_emits_broken_utf8(tiny_ckpt):
     tok = Tokenizer.from_pretrained(tiny_ckpt)
-    text = "Grüße 日本語 emoji 🤖📷✅ ñandú, a robot!"
+    text = 'Grüße 日本語 emoji 🤖📷✅ ñandú, a robot!'
     ids = tok.encode(text)
     assert len(ids) > len(text) / 2  # the tiny vocabulary splits characters into bytes
     detok = IncrementalDetokenizer(tok.decode)
     deltas = [detok.add(i) for i in ids]
     deltas.append(detok.flush())
-    assert "".join(deltas) == text == detok.text
-    assert not any("\ufffd" in d for d in deltas)
-    assert any(d == "" for d in deltas)  # held back inside a multi-byte character
+    assert ''.join(deltas) == text == detok.text
+    assert not any('\ufffd' in d for d in deltas)
+    assert any(d == '' for d in deltas)  # held back inside a multi-byte character
 
 
 def test_vision_cache_is_bounded_lru():
@@ -271,11 +271,11 @@ def test_vision_cache_is_bounded_lru():
         return VisionOutput(torch.zeros(n, 4), (torch.zeros(n, 4),))  # 32 bytes per row
 
     cache = VisionCache(max_bytes=32 * 10)
-    cache.put("a", out(4))
-    cache.put("b", out(4))
-    assert cache.get("a") is not None  # a is now the most recent
-    cache.put("c", out(4))  # evicts b
-    assert cache.get("b") is None and cache.get("c") is not None and cache.get("a") is not None
-    cache.put("big", out(11))  # larger than the bound: not stored
-    assert cache.get("big") is None and cache.bytes <= cache.max_bytes
+    cache.put('a', out(4))
+    cache.put('b', out(4))
+    assert cache.get('a') is not None  # a is now the most recent
+    cache.put('c', out(4))  # evicts b
+    assert cache.get('b') is None and cache.get('c') is not None and cache.get('a') is not None
+    cache.put('big', out(11))  # larger than the bound: not stored
+    assert cache.get('big') is None and cache.bytes <= cache.max_bytes
     assert (cache.hits, cache.misses) == (3, 2)

@@ -30,46 +30,47 @@ from orin_llm_node.quantization.checkpoint_formats import (
 class RowScaledInt8(CheckpointFormat):
     """int8 ``weight`` codes and a float ``weight_scale [out, 1]``: ``w = q * s``."""
 
-    name = "row-int8"
+    name = 'row-int8'
 
     def tensors(self, asymmetric):
-        return frozenset({"weight", "weight_scale"})
+        return frozenset({'weight', 'weight_scale'})
 
     def load(self, tensors, layer, row0):
-        return layer.load_rows({"qweight": tensors["weight"], "scale": tensors["weight_scale"]}, row0)
+        return layer.load_rows({'qweight': tensors['weight'], 'scale': tensors['weight_scale']},
+                               row0)
 
     def layers(self, model_dir, qc, keys, linears):
         lq = LayerQuant(Int8Linear, None, False, self)
-        return {k.removesuffix(".weight_scale"): lq for k in keys if k.endswith(".weight_scale")}
+        return {k.removesuffix('.weight_scale'): lq for k in keys if k.endswith('.weight_scale')}
 
 
 def _row_int8_checkpoint(src, dst):
     """``src`` with its decoder projections stored as :class:`RowScaledInt8`; the dense values."""
     shutil.copytree(src, dst)
-    tensors, dense = load_file(str(src / "model.safetensors")), {}
+    tensors, dense = load_file(str(src / 'model.safetensors')), {}
     for name, w in list(tensors.items()):
-        if ".language_model.layers." in name and name.endswith("_proj.weight"):
+        if '.language_model.layers.' in name and name.endswith('_proj.weight'):
             scale = w.float().abs().amax(dim=1, keepdim=True) / 127
             codes = torch.round(w.float() / scale).clamp(-127, 127).to(torch.int8)
             tensors[name] = codes
-            tensors[name.replace(".weight", ".weight_scale")] = scale
+            tensors[name.replace('.weight', '.weight_scale')] = scale
             dense[name] = codes.float() * scale
-    save_file(tensors, str(dst / "model.safetensors"))
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": RowScaledInt8.name}
-    (dst / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, str(dst / 'model.safetensors'))
+    cfg = json.loads((src / 'config.json').read_text())
+    cfg['quantization_config'] = {'quant_method': RowScaledInt8.name}
+    (dst / 'config.json').write_text(json.dumps(cfg))
     return dense
 
 
 def test_a_new_format_is_one_class(tiny_ckpt, tmp_path, monkeypatch):
-    dense = _row_int8_checkpoint(tiny_ckpt, tmp_path / "row-int8")
+    dense = _row_int8_checkpoint(tiny_ckpt, tmp_path / 'row-int8')
     monkeypatch.setitem(DECLARED, RowScaledInt8.name, RowScaledInt8())
-    model = load_model(tmp_path / "row-int8")
-    assert model.weight_format == "row-int8:int8"
+    model = load_model(tmp_path / 'row-int8')
+    assert model.weight_format == 'row-int8:int8'
     assert dense
     for name, want in dense.items():
         target, shard = checkpoint_target(name)
-        layer = model.get_submodule(target.rpartition(".")[0])
+        layer = model.get_submodule(target.rpartition('.')[0])
         got = layer.quant.dequantize()
         assert torch.equal(got if shard is None else layer.shard(got, shard), want), name
 
@@ -77,18 +78,18 @@ def test_a_new_format_is_one_class(tiny_ckpt, tmp_path, monkeypatch):
 def test_an_undeclared_format_is_one_sentence(tiny_ckpt, tmp_path):
     from orin_llm_node.errors import ModelLoadError
 
-    _row_int8_checkpoint(tiny_ckpt, tmp_path / "row-int8")
+    _row_int8_checkpoint(tiny_ckpt, tmp_path / 'row-int8')
     with pytest.raises(ModelLoadError, match="quant_method='row-int8'.*unknown method"):
-        load_model(tmp_path / "row-int8")
+        load_model(tmp_path / 'row-int8')
 
 
-@pytest.mark.parametrize("quantization", sorted(AT_LOAD_FORMATS))
+@pytest.mark.parametrize('quantization', sorted(AT_LOAD_FORMATS))
 def test_quantize_at_load_takes_the_layer_classs_group(quantization):
     cls, asymmetric = AT_LOAD_FORMATS[quantization]
-    linears = {"model.language_model.layers.0.mlp.up_proj": "language_model.layers.0.mlp.up_proj"}
-    plan = plan_quantization(Path("ckpt"), None, [], linears, quantization)
+    linears = {'model.language_model.layers.0.mlp.up_proj': 'language_model.layers.0.mlp.up_proj'}
+    plan = plan_quantization(Path('ckpt'), None, [], linears, quantization)
     (lq,) = plan.layers.values()
     assert (lq.cls, lq.group_size, lq.asymmetric, lq.storage) == (
         cls, cls.at_load_group, asymmetric, AT_LOAD)
-    assert lq.tensors == {"weight"}
-    assert plan.description == f"at-load:{quantization}"
+    assert lq.tensors == {'weight'}
+    assert plan.description == f'at-load:{quantization}'

@@ -39,7 +39,7 @@ NOT_COPIED = {'.git', '.venv', '.venv-np1', 'build', 'install', 'log', '.whl', '
 BUILD_TIMEOUT_S = 1800
 
 # Runs in the sourced workspace; prints one JSON line.
-PROBE = r'''
+PROBE = r"""
 import importlib, json, sys
 from ament_index_python.packages import get_package_share_directory, get_resource
 import orin_llm_node
@@ -61,7 +61,7 @@ print(json.dumps({
     'fields': [list(part.get_fields_and_field_types())
                for part in (Ask.Goal, Ask.Result, Ask.Feedback)],
 }))
-'''
+"""
 
 
 def _ignore(directory, names):

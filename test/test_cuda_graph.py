@@ -42,7 +42,7 @@ from orin_llm_node.engine.sampler import Sampler  # noqa: E402
 MAX_TOKENS = 200
 
 
-@pytest.fixture(autouse=True, scope="module")
+@pytest.fixture(autouse=True, scope='module')
 def _no_tf32():
     old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -52,13 +52,13 @@ def _no_tf32():
 
 def make_engine(ckpt, dtype, graph, seed=11):
     engine = LLMEngine(EngineConfig(
-        model_path=ckpt, device="cuda", dtype=dtype, block_size=16, num_kv_blocks=256,
+        model_path=ckpt, device='cuda', dtype=dtype, block_size=16, num_kv_blocks=256,
         max_model_len=2048, enable_cuda_graph=graph, block_order_seed=seed,
     ))
     return engine if graph else eager_like(engine)
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+@pytest.fixture(scope='module', params=['float32', 'bfloat16'])
 def engines(request, tiny_ckpt):
     graph = make_engine(tiny_ckpt, request.param, True)
     eager = make_engine(tiny_ckpt, request.param, False)
@@ -68,7 +68,7 @@ def engines(request, tiny_ckpt):
     eager.reset()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def ref(tiny_ckpt):
     return Reference(tiny_ckpt)
 
@@ -83,26 +83,26 @@ def test_graph_equals_eager_200_tokens(engines, ref):
     img = random_image(21, 96, 128)
     results = []
     for eng in (graph, eager):
-        conv = eng.new_conversation("You are a robot.")
-        results.append(chat(eng, conv, "Describe what you see, in detail.", [img]))
+        conv = eng.new_conversation('You are a robot.')
+        results.append(chat(eng, conv, 'Describe what you see, in detail.', [img]))
         assert conv.block_table != sorted(conv.block_table)  # permuted free queue
         eng.reset(conv)
     res_graph, res_eager = results
-    assert len(res_graph.token_ids) == MAX_TOKENS and res_graph.finish_reason == "length"
+    assert len(res_graph.token_ids) == MAX_TOKENS and res_graph.finish_reason == 'length'
     assert res_graph.token_ids == res_eager.token_ids
     assert len(set(res_graph.token_ids)) >= 8  # not a degenerate repetition
     assert graph.runner.decode_graph.captures == 1
-    if dtype == "float32":
+    if dtype == 'float32':
         assert_reference_greedy(ref, res_graph)
 
 
 def test_replay_after_reset_and_prefix_cache_turn(engines, ref):
     dtype, graph, eager = engines
     img = random_image(22, 80, 80)
-    turns = [("What is on the table?", [img]), ("And behind it?", [])]
+    turns = [('What is on the table?', [img]), ('And behind it?', [])]
     per_engine = []
     for eng in (graph, eager):
-        conv = eng.new_conversation("You are a robot.")
+        conv = eng.new_conversation('You are a robot.')
         per_engine.append([chat(eng, conv, text, imgs, max_tokens=40) for text, imgs in turns])
         eng.reset(conv)
     for res_graph, res_eager in zip(*per_engine, strict=True):
@@ -110,7 +110,7 @@ def test_replay_after_reset_and_prefix_cache_turn(engines, ref):
     assert per_engine[0][1].cached_tokens > 0  # the second turn hit the prefix cache
     # Reset changes buffer contents, not pointers: still the first capture.
     assert graph.runner.decode_graph.captures == 1
-    if dtype == "float32":
+    if dtype == 'float32':
         for res in per_engine[0]:
             assert_reference_greedy(ref, res)
 
@@ -119,20 +119,20 @@ def _hf(ckpt, dtype):
     from transformers import Qwen3VLForConditionalGeneration
 
     return Qwen3VLForConditionalGeneration.from_pretrained(
-        ckpt, dtype=dtype, local_files_only=True).to("cuda").eval()
+        ckpt, dtype=dtype, local_files_only=True).to('cuda').eval()
 
 
 @torch.inference_mode()
 def test_bf16_teacher_forced_logits(tiny_ckpt):
     hf32, hf16 = _hf(tiny_ckpt, torch.float32), _hf(tiny_ckpt, torch.bfloat16)
-    eng = make_engine(tiny_ckpt, "bfloat16", True)
-    prompt = eng.tokenizer.encode("Tell me a long story about a robot and a shelf.")
-    ids = torch.tensor([prompt], device="cuda")
+    eng = make_engine(tiny_ckpt, 'bfloat16', True)
+    prompt = eng.tokenizer.encode('Tell me a long story about a robot and a shelf.')
+    ids = torch.tensor([prompt], device='cuda')
     config = copy.deepcopy(hf32.generation_config)
     config.do_sample, config.max_new_tokens, config.eos_token_id = False, 64, None
     gen = hf32.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                         generation_config=config)[0, len(prompt):].tolist()
-    full = torch.tensor([prompt + gen], device="cuda")
+    full = torch.tensor([prompt + gen], device='cuda')
     steps = slice(len(prompt) - 1, len(prompt) + len(gen) - 1)
     want = hf32(input_ids=full).logits[0, steps].float()
     ref16 = hf16(input_ids=full).logits[0, steps].float()
@@ -161,35 +161,35 @@ def test_sampled_decode_through_the_graph_equals_eager(engines):
     tokens = []
     for eng in (graph, eager):
         conv = eng.new_conversation()
-        tokens.append(eng.chat(conv, "Say something.", sampling=sampling).token_ids)
+        tokens.append(eng.chat(conv, 'Say something.', sampling=sampling).token_ids)
         eng.reset(conv)
     assert tokens[0] == tokens[1]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize('temperature', [0.0, 0.9])
 def test_constrained_decode_through_the_graph_equals_eager(engines, temperature):
     """A grammar's mask, new every step, is applied inside the pick graph: eager's tokens.
 
     Two schemas in a row (and a regex): one capture for all of them.
     """
     _, graph, eager = engines
-    robot = {"type": "object", "properties": {
-        "colour": {"enum": ["red", "green", "blue"]}, "count": {"type": "integer"},
-        "items": {"type": "array", "items": {"type": "string"}, "maxItems": 4}},
-        "required": ["colour", "count", "items"], "additionalProperties": False}
-    formats = [{"type": "json_schema", "schema": robot}, {"type": "json_object"},
-               {"type": "regex", "pattern": r"(left|right), [0-9]{1,3} cm"}]
+    robot = {'type': 'object', 'properties': {
+        'colour': {'enum': ['red', 'green', 'blue']}, 'count': {'type': 'integer'},
+        'items': {'type': 'array', 'items': {'type': 'string'}, 'maxItems': 4}},
+        'required': ['colour', 'count', 'items'], 'additionalProperties': False}
+    formats = [{'type': 'json_schema', 'schema': robot}, {'type': 'json_object'},
+               {'type': 'regex', 'pattern': r'(left|right), [0-9]{1,3} cm'}]
     for fmt in formats:
         sampling = SamplingParams(max_tokens=60, temperature=temperature, seed=3,
                                   response_format=fmt)
         results = []
         for eng in (graph, eager):
-            conv = eng.new_conversation("You are a robot.")
-            results.append(eng.chat(conv, "Where is the box?", sampling=sampling))
+            conv = eng.new_conversation('You are a robot.')
+            results.append(eng.chat(conv, 'Where is the box?', sampling=sampling))
             eng.reset(conv)
         assert results[0].token_ids == results[1].token_ids, fmt
         assert results[0].valid == results[1].valid
-        assert results[0].finish_reason in ("stop", "length")
+        assert results[0].finish_reason in ('stop', 'length')
     assert graph.runner.decode_graph.captures == 1
 
 
@@ -216,10 +216,10 @@ def test_greedy_graph_step_masks_banned_ids(engines):
     logits = runner.decode(token, context - 1, table, context)
     top = int(logits.argmax())
 
-    greedy = Sampler(SamplingParams(), torch.device("cuda"), {top})
+    greedy = Sampler(SamplingParams(), torch.device('cuda'), {top})
     got = runner.decode_sample(token, context - 1, table, context, greedy)
     assert got != top
-    assert got == int(logits.index_fill(0, greedy.banned, float("-inf")).argmax())
+    assert got == int(logits.index_fill(0, greedy.banned, float('-inf')).argmax())
 
 
 def test_decode_step_kernel_count(engines):
@@ -244,14 +244,14 @@ def test_a_capture_that_records_nothing_raises():
     """A real empty graph: the capture's body launches nothing, its output was written before."""
     from orin_llm_node.engine.cuda_graph import GraphCapture, replay_writes
 
-    out = torch.arange(4.0, device="cuda")
-    graph, same = GraphCapture(torch.device("cuda", 0)).capture(lambda: out)
+    out = torch.arange(4.0, device='cuda')
+    graph, same = GraphCapture(torch.device('cuda', 0)).capture(lambda: out)
     assert same is out
-    with pytest.raises(RuntimeError, match="wrote nothing when replayed"):
-        replay_writes(graph, (out,), "empty")
+    with pytest.raises(RuntimeError, match='wrote nothing when replayed'):
+        replay_writes(graph, (out,), 'empty')
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='needs two CUDA GPUs')
 def test_cuda_1_graphs_equal_eager_while_device_0_is_current(tiny_ckpt):
     """``device: cuda:1``: graphs captured on device 1's stream, not on the current device 0.
 
@@ -259,24 +259,24 @@ def test_cuda_1_graphs_equal_eager_while_device_0_is_current(tiny_ckpt):
     device-0 stream, the trap for any later capture of device-1 work.
     """
     torch.cuda.set_device(0)
-    warm = torch.zeros(1, device="cuda:0")
+    warm = torch.zeros(1, device='cuda:0')
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         warm += 1
     results = []
     for use_graph in (True, False):
         engine = LLMEngine(EngineConfig(
-            model_path=tiny_ckpt, device="cuda:1", dtype="bfloat16", block_size=16,
+            model_path=tiny_ckpt, device='cuda:1', dtype='bfloat16', block_size=16,
             num_kv_blocks=64, max_model_len=1024, enable_cuda_graph=use_graph,
             block_order_seed=4))
         if use_graph:
             engine.warmup()  # captures the prefill buckets
         else:
             eager_like(engine)
-        conv = engine.new_conversation("You are a robot.")
+        conv = engine.new_conversation('You are a robot.')
         # The follow-up is a short text prefill: a prefill graph replay (padded eagerly).
         results.append([chat(engine, conv, text, max_tokens=50).token_ids
-                        for text in ("Count the boxes.", "And the shelves?")])
+                        for text in ('Count the boxes.', 'And the shelves?')])
         assert engine.uses_cuda_graph == use_graph
         assert torch.cuda.current_device() == 0
         if use_graph:
@@ -289,12 +289,12 @@ def test_cuda_1_graphs_equal_eager_while_device_0_is_current(tiny_ckpt):
 
 def test_warmup_captures_the_decode_graph_and_leaves_no_trace(tiny_ckpt):
     """The warm-up's throw-away turn captures the decode graph before any prompt."""
-    with LLMEngine(EngineConfig(model_path=tiny_ckpt, device="cuda", dtype="bfloat16",
+    with LLMEngine(EngineConfig(model_path=tiny_ckpt, device='cuda', dtype='bfloat16',
                                 num_kv_blocks=64, max_model_len=1024,
                                 block_order_seed=6)) as engine:
         before = engine.stats()
         engine.warmup([(96, 96)])
         assert engine.runner.decode_graph.captures == 1
         assert engine.stats() == before
-        chat(engine, engine.new_conversation(), "Count the boxes.", max_tokens=20)
+        chat(engine, engine.new_conversation(), 'Count the boxes.', max_tokens=20)
         assert engine.runner.decode_graph.captures == 1

@@ -36,7 +36,7 @@ from orin_llm_node.layers.activation import silu_and_mul  # noqa: E402
 from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm  # noqa: E402
 from orin_llm_node.layers.rotary_embedding import MRotaryEmbedding  # noqa: E402
 
-DEV = torch.device("cuda")
+DEV = torch.device('cuda')
 CONTEXTS = [1, 15, 16, 17, 255, 256, 257, 1000, 3001]
 
 
@@ -65,8 +65,8 @@ def reference_decode(kv_layer, q, table, context, block_size):
     slots = table[t // block_size] * block_size + t % block_size
     k = kv_layer[0].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
     v = kv_layer[1].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
-    s = torch.einsum("hd,thd->ht", q[0].double(), k) * d ** -0.5
-    return torch.einsum("ht,thd->hd", s.softmax(-1), v)[None]
+    s = torch.einsum('hd,thd->ht', q[0].double(), k) * d ** -0.5
+    return torch.einsum('ht,thd->hd', s.softmax(-1), v)[None]
 
 
 def random_decode_step(attn, gen, table, context):
@@ -80,11 +80,11 @@ def random_decode_step(attn, gen, table, context):
     return slot, q.to(attn.dtype), k.to(attn.dtype), v.to(attn.dtype)
 
 
-@pytest.mark.parametrize("max_model_len", [512, 4096])
-@pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 8), (32, 8), (20, 2)],
-                         ids=["mha", "gqa2", "gqa4", "gqa10"])
-@pytest.mark.parametrize("head_dim", ks.HEAD_DIMS)
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize('max_model_len', [512, 4096])
+@pytest.mark.parametrize('hq,hkv', [(8, 8), (16, 8), (32, 8), (20, 2)],
+                         ids=['mha', 'gqa2', 'gqa4', 'gqa10'])
+@pytest.mark.parametrize('head_dim', ks.HEAD_DIMS)
+@pytest.mark.parametrize('dtype', list(DTYPES))
 def test_decode_matches_reference(dtype, head_dim, hq, hkv, max_model_len):
     contexts = CONTEXTS if max_model_len >= 4096 else [c for c in CONTEXTS if c <= 1000]
     attn, gen = make_backend(dtype, head_dim, hq, hkv, max_model_len=max_model_len)
@@ -97,12 +97,12 @@ def test_decode_matches_reference(dtype, head_dim, hq, hkv, max_model_len):
         assert torch.equal(layer[0].reshape(-1, hkv, head_dim)[slot], k)
         assert torch.equal(layer[1].reshape(-1, hkv, head_dim)[slot], v)
         err = (out.double() - reference_decode(layer, q, table, context, 16)).abs().max()
-        assert err.item() <= ATOL[dtype], f"context {context}: max |err| {err.item()}"
+        assert err.item() <= ATOL[dtype], f'context {context}: max |err| {err.item()}'
 
 
 def test_context_longer_than_the_split_grid():
     """Contexts beyond max_model_len stay correct: a split walks several passes."""
-    attn, gen = make_backend("float16", 128, 32, 8, max_model_len=256)
+    attn, gen = make_backend('float16', 128, 32, 8, max_model_len=256)
     table = torch.randperm(256, generator=gen, device=DEV)
     for context in (700, 2000):
         slot, q, k, v = random_decode_step(attn, gen, table, context)
@@ -112,8 +112,8 @@ def test_context_longer_than_the_split_grid():
         assert (out.double() - ref).abs().max().item() <= 2e-3
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("rows,cols", [(1, 2048), (1, 4096), (7, 2560), (300, 128)])
+@pytest.mark.parametrize('dtype', list(DTYPES))
+@pytest.mark.parametrize('rows,cols', [(1, 2048), (1, 4096), (7, 2560), (300, 128)])
 def test_fused_norms_and_silu_match_torch(dtype, rows, cols):
     """Each op launches its kernel (DEV is ``cuda``, tensors report ``cuda:0``) and matches."""
     torch_dtype = DTYPES[dtype]
@@ -123,7 +123,7 @@ def test_fused_norms_and_silu_match_torch(dtype, rows, cols):
     x = (3 * torch.randn(rows, cols, generator=gen, device=DEV)).to(torch_dtype)
     res = torch.randn(rows, cols, generator=gen, device=DEV).to(torch_dtype)
     w = (1 + 0.1 * torch.randn(cols, generator=gen, device=DEV)).to(torch_dtype)
-    tol = {"float32": 1e-5, "bfloat16": 2 ** -7, "float16": 2 ** -10}[dtype]
+    tol = {'float32': 1e-5, 'bfloat16': 2 ** -7, 'float16': 2 ** -10}[dtype]
 
     def close(a, b):
         return (a.double() - b.double()).abs().max().item() <= tol * b.abs().max().item()
@@ -134,12 +134,12 @@ def test_fused_norms_and_silu_match_torch(dtype, rows, cols):
     assert torch.equal(got_res, want_res) and close(got, want)
     gu = torch.randn(rows, 2 * cols, generator=gen, device=DEV).to(torch_dtype)
     assert close(ops.silu_and_mul(gu), silu_and_mul(gu))
-    assert launch.counts == {"rms_norm": 1, "add_rms_norm": 1, "silu_and_mul": 1}
+    assert launch.counts == {'rms_norm': 1, 'add_rms_norm': 1, 'silu_and_mul': 1}
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("n", [1, 300])
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize('n', [1, 300])
+@pytest.mark.parametrize('dtype', list(DTYPES))
 def test_fused_qk_norm_rope_kv_write_matches_torch(dtype, n):
     """attend_qkv (one fused kernel, then attention) vs the torch body, decode and prefill."""
     attn, gen = make_backend(dtype, 128, 16, 8)
@@ -170,13 +170,13 @@ def test_fused_qk_norm_rope_kv_write_matches_torch(dtype, n):
 
 def test_paged_decode_keeps_the_sms_busy():
     """The split grid covers about two CTAs per SM whatever max_model_len allows."""
-    attn, _ = make_backend("bfloat16", 128, 16, 8, max_model_len=32768)
+    attn, _ = make_backend('bfloat16', 128, 16, 8, max_model_len=32768)
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     assert attn.num_splits * attn.num_kv_heads >= 2 * sms - attn.num_kv_heads
 
 
 def test_kv_write_strided_and_skipped():
-    attn, gen = make_backend("bfloat16", 128, 16, 8)
+    attn, gen = make_backend('bfloat16', 128, 16, 8)
     before = attn.kv_cache.clone()
     big = torch.randn(6, 8, 3, 128, generator=gen, device=DEV).to(torch.bfloat16)
     k, v = big[:, :, 0], big[:, :, 2]
@@ -191,7 +191,7 @@ def test_kv_write_strided_and_skipped():
     assert torch.equal(attn.kv_cache, want)
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize('dtype', list(DTYPES))
 def test_backend_matches_torch_backend_prefill_then_decode(dtype):
     attn, gen = make_backend(dtype, 128, 16, 8)
     ref = TorchPagedAttention(attn.kv_cache.clone())
@@ -215,7 +215,7 @@ def test_backend_matches_torch_backend_prefill_then_decode(dtype):
 
 def test_graph_replay_reads_new_metadata():
     """Captured once, replayed with new context lengths, slots and tables: still correct."""
-    attn, gen = make_backend("bfloat16", 128, 32, 8)
+    attn, gen = make_backend('bfloat16', 128, 32, 8)
     table = torch.zeros(4096 // 16, dtype=torch.long, device=DEV)
     slot = torch.zeros(1, dtype=torch.long, device=DEV)
     q = torch.zeros(1, 32, 128, dtype=torch.bfloat16, device=DEV)
@@ -225,7 +225,7 @@ def test_graph_replay_reads_new_metadata():
     attn.attend(0, q, k, v)  # warm-up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with torch.cuda.graph(graph, capture_error_mode='thread_local'):
         out = attn.attend(0, q, k, v)
     for context in (1, 16, 17, 300, 2000, 4096, 33):
         new_table = torch.randperm(256, generator=gen, device=DEV)
@@ -240,7 +240,7 @@ def test_graph_replay_reads_new_metadata():
 
 
 def test_deterministic():
-    attn, gen = make_backend("bfloat16", 128, 16, 8)
+    attn, gen = make_backend('bfloat16', 128, 16, 8)
     table = torch.randperm(256, generator=gen, device=DEV)
     slot, q, k, v = random_decode_step(attn, gen, table, 3000)
     attn.prepare(slot, table, 2999, 1)
@@ -256,14 +256,14 @@ def reference_prefill(kv_layer, q, table, num_prefix, num_new):
     slots = table[t // 16] * 16 + t % 16
     k = kv_layer[0].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
     v = kv_layer[1].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1)
-    s = torch.einsum("nhd,thd->nht", q[:num_new].double(), k) * d ** -0.5
+    s = torch.einsum('nhd,thd->nht', q[:num_new].double(), k) * d ** -0.5
     visible = t[None] <= num_prefix + torch.arange(num_new, device=DEV)[:, None]
-    s = s.masked_fill(~visible[:, None], float("-inf"))
-    return torch.einsum("nht,thd->nhd", s.softmax(-1), v)
+    s = s.masked_fill(~visible[:, None], float('-inf'))
+    return torch.einsum('nht,thd->nhd', s.softmax(-1), v)
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("head_dim,hq,hkv", [(128, 16, 8), (128, 32, 8), (64, 8, 2),
+@pytest.mark.parametrize('dtype', list(DTYPES))
+@pytest.mark.parametrize('head_dim,hq,hkv', [(128, 16, 8), (128, 32, 8), (64, 8, 2),
                                              (32, 4, 2)])
 def test_prefill_kernel_matches_reference(dtype, head_dim, hq, hkv):
     attn, gen = make_backend(dtype, head_dim, hq, hkv, num_blocks=512, max_model_len=8192)
@@ -280,7 +280,7 @@ def test_prefill_kernel_matches_reference(dtype, head_dim, hq, hkv):
         assert err <= ATOL[dtype], (num_prefix, n, err)
 
 
-@pytest.mark.parametrize("dtype,num_rows", [("float32", 262_200), ("bfloat16", 1_048_600)])
+@pytest.mark.parametrize('dtype,num_rows', [('float32', 262_200), ('bfloat16', 1_048_600)])
 def test_prefill_with_more_row_tiles_than_grid_y_holds(dtype, num_rows):
     """More than 65,535 row tiles (gridDim.y's limit): 33 real tokens then padding rows.
 
@@ -307,7 +307,7 @@ def test_prefill_with_more_row_tiles_than_grid_y_holds(dtype, num_rows):
 
 def test_padded_prefill_graph_replays_new_lengths():
     """One capture of a 64-row padded prefill, replayed for new prefixes and lengths."""
-    attn, gen = make_backend("bfloat16", 128, 16, 8, num_blocks=512, max_model_len=8192)
+    attn, gen = make_backend('bfloat16', 128, 16, 8, num_blocks=512, max_model_len=8192)
     size = 64
     table = torch.zeros(512, dtype=torch.long, device=DEV)
     slots = torch.full((size,), -1, dtype=torch.long, device=DEV)
@@ -318,7 +318,7 @@ def test_padded_prefill_graph_replays_new_lengths():
     attn.attend(0, q, k, v)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with torch.cuda.graph(graph, capture_error_mode='thread_local'):
         out = attn.attend(0, q, k, v)
     perm = torch.randperm(512, generator=gen, device=DEV)
     for num_prefix, n in ((0, 64), (243, 5), (1001, 33), (16, 64), (3000, 1)):
@@ -373,4 +373,4 @@ def test_runner_prefill_graphs_match_eager(tiny_ckpt):
         assert (want - got).abs().max().item() < 1e-3, n
         assert int(want.argmax()) == int(got.argmax())
         done += n
-    assert graphs.prefill_graphs.captures == captured, "a new length must not re-capture"
+    assert graphs.prefill_graphs.captures == captured, 'a new length must not re-capture'

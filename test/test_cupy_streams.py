@@ -18,12 +18,12 @@ import torch
 
 from orin_llm_node.kernels import cuda_ops
 
-cupy = pytest.importorskip("cupy", reason="needs CuPy (cupy-cuda12x / cupy-cuda13x)")
+cupy = pytest.importorskip('cupy', reason='needs CuPy (cupy-cuda12x / cupy-cuda13x)')
 
 
 def test_torch_stream_is_wrapped_without_deprecated_api():
     with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
+        warnings.simplefilter('error', DeprecationWarning)
         stream = cuda_ops.external_stream(cupy, 0x5EED, 0)
     assert stream.ptr == 0x5EED
 
@@ -33,27 +33,27 @@ def _launch_silu(device: torch.device):
     x = torch.randn(2, 256, device=device)
     out = torch.empty(2, 128, device=device)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
+        warnings.simplefilter('error', DeprecationWarning)
         launch = cuda_ops.kernel_launcher(torch.float32, 32, device)
-        launch("silu_and_mul", (2, 1), (128,),
+        launch('silu_and_mul', (2, 1), (128,),
                (out.data_ptr(), x.data_ptr(), np.int32(128), np.int64(256), np.int64(128)))
     torch.cuda.synchronize(device)
     torch.testing.assert_close(out, torch.nn.functional.silu(x[:, :128]) * x[:, 128:])
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 def test_launch_on_torch_stream_inside_a_graph_capture_warns_nothing():
-    dev = torch.device("cuda", 0)
+    dev = torch.device('cuda', 0)
     _launch_silu(dev)  # build and load outside the capture
     x = torch.randn(2, 256, device=dev)
     out = torch.empty(2, 128, device=dev)
     launch = cuda_ops.kernel_launcher(torch.float32, 32, dev)
     graph = torch.cuda.CUDAGraph()
     with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            launch("silu_and_mul", (2, 1), (128,),
+        warnings.simplefilter('error', DeprecationWarning)
+        with torch.cuda.graph(graph, capture_error_mode='thread_local'):
+            launch('silu_and_mul', (2, 1), (128,),
                    (out.data_ptr(), x.data_ptr(), np.int32(128), np.int64(256),
                     np.int64(128)))
     graph.replay()
@@ -62,30 +62,30 @@ def test_launch_on_torch_stream_inside_a_graph_capture_warns_nothing():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='needs two CUDA GPUs')
 def test_cuda_1_launches_in_its_own_context_while_device_0_is_current():
     torch.cuda.set_device(0)
-    _launch_silu(torch.device("cuda", 1))
+    _launch_silu(torch.device('cuda', 1))
     assert torch.cuda.current_device() == 0  # the launcher restored the thread's device
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='needs two CUDA GPUs')
 def test_a_launch_on_cuda_1_is_captured_on_device_1_while_device_0_is_current():
     """The engine's capture (GraphCapture) records a cuda:1 kernel, whatever device is current."""
     from orin_llm_node.engine.cuda_graph import GraphCapture, replay_writes
 
     torch.cuda.set_device(0)
-    dev = torch.device("cuda", 1)
+    dev = torch.device('cuda', 1)
     _launch_silu(dev)  # build and load outside the capture
     x = torch.randn(2, 256, device=dev)
     out = torch.empty(2, 128, device=dev)
     launch = cuda_ops.kernel_launcher(torch.float32, 32, dev)
     graph, _ = GraphCapture(dev).capture(lambda: launch(
-        "silu_and_mul", (2, 1), (128,),
+        'silu_and_mul', (2, 1), (128,),
         (out.data_ptr(), x.data_ptr(), np.int32(128), np.int64(256), np.int64(128))))
     x.copy_(torch.randn(2, 256, device=dev))
-    replay_writes(graph, (out,), "silu_and_mul on cuda:1")  # raises if the graph is empty
+    replay_writes(graph, (out,), 'silu_and_mul on cuda:1')  # raises if the graph is empty
     torch.cuda.synchronize(dev)
     torch.testing.assert_close(out, torch.nn.functional.silu(x[:, :128]) * x[:, 128:])
     assert torch.cuda.current_device() == 0

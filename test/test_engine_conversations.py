@@ -18,13 +18,13 @@ from orin_llm_node.engine import EngineConfig, FinishReason, LLMEngine, Sampling
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def ref(tiny_ckpt):
     return Reference(tiny_ckpt)
 
 
 def make_engine(ckpt, num_kv_blocks):
-    return LLMEngine(EngineConfig(model_path=ckpt, device="cpu", block_size=4,
+    return LLMEngine(EngineConfig(model_path=ckpt, device='cpu', block_size=4,
                                   num_kv_blocks=num_kv_blocks, block_order_seed=5))
 
 
@@ -39,8 +39,8 @@ def test_a_thousand_dropped_conversations_never_exhaust_the_pool(tiny_ckpt):
     eng = make_engine(tiny_ckpt, 32)  # room for about three of these conversations at once
     live = []
     for i in range(1000):
-        conv = eng.new_conversation("Be brief." if i % 2 else None)
-        res = eng.chat(conv, f"Where is box {i}?",
+        conv = eng.new_conversation('Be brief.' if i % 2 else None)
+        res = eng.chat(conv, f'Where is box {i}?',
                        sampling=SamplingParams(max_tokens=1, ignore_eos=True))
         assert res.finish_reason == FinishReason.LENGTH and res.error is None, (i, res)
         assert len(conv.block_table) * 4 >= len(res.prompt_token_ids)
@@ -60,9 +60,9 @@ def test_a_thousand_dropped_conversations_never_exhaust_the_pool(tiny_ckpt):
 
 
 def test_idle_conversations_give_way_least_recently_used_first(tiny_ckpt, ref):
-    turns = [("Describe the image.", [random_image(61, 96, 96)]),
-             ("What colour is the door?", []),
-             ("Is the path to the shelf clear? Look left and right.", [])]
+    turns = [('Describe the image.', [random_image(61, 96, 96)]),
+             ('What colour is the door?', []),
+             ('Is the path to the shelf clear? Look left and right.', [])]
     # Blocks the three first turns hold together, measured on a pool large enough for them.
     probe = make_engine(tiny_ckpt, 256)
     probes = [probe.new_conversation() for _ in turns]
@@ -83,7 +83,7 @@ def test_idle_conversations_give_way_least_recently_used_first(tiny_ckpt, ref):
     used_blocks(eng, [a, b, c])
     # a comes back: its history is intact, its prefix still cached (c evicted one tail block),
     # and the answer equals a cold run on the whole prompt.
-    ra = eng.chat(a, "And what is on the left?", sampling=PARAMS)
+    ra = eng.chat(a, 'And what is on the left?', sampling=PARAMS)
     n = len(first[0].prompt_token_ids)
     assert ra.prompt_token_ids[:n] == first[0].prompt_token_ids
     assert ra.cached_tokens >= math.floor((n + len(first[0].token_ids) - 1) / 4 - 1) * 4
@@ -95,13 +95,13 @@ def test_idle_conversations_give_way_least_recently_used_first(tiny_ckpt, ref):
 
 def test_bad_input_raises_before_anything_changes(tiny_ckpt):
     eng = make_engine(tiny_ckpt, 64)
-    conv = eng.new_conversation("Be brief.")
+    conv = eng.new_conversation('Be brief.')
     before = list(conv.token_ids)
-    with pytest.raises(ValueError, match="lone surrogate"):
-        eng.chat(conv, "bad \ud800 text")
-    with pytest.raises(ValueError, match="bare array"):
-        eng.chat(conv, "What is it?", images=random_image(1, 32, 32))
-    with pytest.raises(ValueError, match="uint8"):
-        eng.chat(conv, "What is it?", images=[random_image(1, 32, 32).astype(float)])
+    with pytest.raises(ValueError, match='lone surrogate'):
+        eng.chat(conv, 'bad \ud800 text')
+    with pytest.raises(ValueError, match='bare array'):
+        eng.chat(conv, 'What is it?', images=random_image(1, 32, 32))
+    with pytest.raises(ValueError, match='uint8'):
+        eng.chat(conv, 'What is it?', images=[random_image(1, 32, 32).astype(float)])
     assert conv.token_ids == before and eng.stats().used_blocks == 0
-    assert eng.chat(conv, "Hello.", sampling=PARAMS).finish_reason == FinishReason.LENGTH
+    assert eng.chat(conv, 'Hello.', sampling=PARAMS).finish_reason == FinishReason.LENGTH

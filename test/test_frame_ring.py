@@ -54,7 +54,7 @@ def test_ten_minutes_of_30hz_640x480_keep_memory_flat():
     assert held == [limit] * 10, 'full after the first minute and flat since'
     # Traced allocations (numpy's included) stay within one frame of the first minute's.
     assert max(traced) - min(traced) < full.nbytes, traced
-    assert len(decoded) == 1201, "only the frames due at 2 fps are decoded (0 s to 599.97 s)"
+    assert len(decoded) == 1201, 'only the frames due at 2 fps are decoded (0 s to 599.97 s)'
 
 
 @pytest.mark.parametrize('fps', [2.0, 7.0, 10.0])

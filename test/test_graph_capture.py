@@ -24,13 +24,13 @@ from orin_llm_node.engine.model_runner import ModelRunner
 from orin_llm_node.engine.sampler import Sampler
 from orin_llm_node.models.loader import load_model
 
-CPU = torch.device("cpu")
+CPU = torch.device('cpu')
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def model(tiny_ckpt):
     if not kernel_emulator.compiler_available():
-        pytest.skip("g++ is needed to build the kernel emulator")
+        pytest.skip('g++ is needed to build the kernel emulator')
     return load_model(tiny_ckpt, dtype=torch.float32).eval()
 
 
@@ -39,7 +39,7 @@ def _runner(model, **kwargs):
     runner = ModelRunner(model, 8, 16, 128, CPU, torch.float32, **kwargs)
     tc = model.config.text
     runner.attn = CudaPagedAttention(runner.kv_cache, tc.num_attention_heads, 128,
-                                     launch=kernel_emulator.emulated_launch("float32",
+                                     launch=kernel_emulator.emulated_launch('float32',
                                                                             tc.head_dim))
     runner.attn.warmup()
     return runner
@@ -53,7 +53,7 @@ def _prefilled(runner, prompt_len=20):
     return prompt[-1], table, prompt_len + 1
 
 
-@pytest.mark.parametrize("records", [True, False], ids=["recording", "empty"])
+@pytest.mark.parametrize('records', [True, False], ids=['recording', 'empty'])
 def test_decode_capture_is_replayed_once_and_an_empty_one_raises(model, records):
     eager, runner = _runner(model), _runner(model)
     runner.decode_graph = CudaGraphDecode(runner)
@@ -62,8 +62,8 @@ def test_decode_capture_is_replayed_once_and_an_empty_one_raises(model, records)
     _prefilled(runner)
     want = eager.decode(token, context - 1, table, context)
     if not records:
-        with pytest.raises(RuntimeError, match="decode graph on cpu: the captured CUDA graph "
-                                               "wrote nothing when replayed"):
+        with pytest.raises(RuntimeError, match='decode graph on cpu: the captured CUDA graph '
+                                               'wrote nothing when replayed'):
             runner.decode(token, context - 1, table, context)
         return
     sampler = Sampler(SamplingParams(), CPU, set())
@@ -92,7 +92,7 @@ def test_the_samplers_greedy_rule_decides_where_the_token_is_picked(model):
     assert runner.decode_graph.captures == 1
 
 
-@pytest.mark.parametrize("records", [True, False], ids=["recording", "empty"])
+@pytest.mark.parametrize('records', [True, False], ids=['recording', 'empty'])
 def test_prefill_capture_at_load_raises_on_an_empty_graph(model, records):
     runner = _runner(model, prefill_buckets=(16, 32))
     graphs = runner.prefill_graphs
@@ -103,7 +103,7 @@ def test_prefill_capture_at_load_raises_on_an_empty_graph(model, records):
         assert graphs.captures == 2
         assert all(graph.replays == 1 for graph, _, _ in graphs.graphs.values())
     else:
-        with pytest.raises(RuntimeError, match="prefill graph of 16 tokens on cpu"):
+        with pytest.raises(RuntimeError, match='prefill graph of 16 tokens on cpu'):
             runner.capture_prefill_graphs()
 
 
@@ -114,13 +114,13 @@ def test_a_replay_that_leaves_one_output_unwritten_raises():
         def replay(self):
             logits.copy_(torch.arange(8.0))
 
-    with pytest.raises(RuntimeError, match="^pick: "):
-        replay_writes(WritesLogitsOnly(), (logits, token), "pick")
+    with pytest.raises(RuntimeError, match='^pick: '):
+        replay_writes(WritesLogitsOnly(), (logits, token), 'pick')
 
     class WritesBoth(WritesLogitsOnly):
         def replay(self):
             super().replay()
             token.fill_(3)
 
-    replay_writes(WritesBoth(), (logits, token), "pick")
+    replay_writes(WritesBoth(), (logits, token), 'pick')
     assert int(token) == 3 and logits[7] == 7

@@ -32,7 +32,7 @@ NOT_BUILT = {'.git', '.venv', 'build', 'install', 'log', 'test', 'bench', 'tools
              '.pytest_cache', '.ruff_cache', '.venv-np1'}
 
 # Runs in the fresh interpreter: argv = checkout, scratch directory; prints one JSON line.
-PROBE = r'''
+PROBE = r"""
 import json, os, sys
 from pathlib import Path
 
@@ -79,7 +79,7 @@ print(json.dumps({
     'tiny_tokens': answer(make_tiny_checkpoint(scratch / 'tiny')),
     'source_reads': source_reads,
 }))
-'''
+"""
 
 
 def _files(root):
@@ -134,7 +134,7 @@ def _pip_install(source, *where):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _running_install(source.parent / 'scratch_after') == before, \
-        'installing a copy changed the running environment\'s install'
+        "installing a copy changed the running environment's install"
 
 
 def _probe(site, scratch):

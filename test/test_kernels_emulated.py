@@ -33,7 +33,7 @@ from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm
 from orin_llm_node.layers.rotary_embedding import MRotaryEmbedding
 
 pytestmark = pytest.mark.skipif(
-    not kernel_emulator.compiler_available(), reason="g++ is needed to build the emulator"
+    not kernel_emulator.compiler_available(), reason='g++ is needed to build the emulator'
 )
 
 
@@ -62,17 +62,17 @@ def _reference_decode(kv_layer, q, block_tables, context_lens, block_size):
         v = kv_layer[1].reshape(-1, hkv, d)[slots].double()
         k = k.repeat_interleave(hq // hkv, dim=1)
         v = v.repeat_interleave(hq // hkv, dim=1)
-        s = torch.einsum("hd,thd->ht", q[r].double(), k) * d ** -0.5
-        outs.append(torch.einsum("ht,thd->hd", s.softmax(-1), v))
+        s = torch.einsum('hd,thd->ht', q[r].double(), k) * d ** -0.5
+        outs.append(torch.einsum('ht,thd->hd', s.softmax(-1), v))
     return torch.stack(outs)
 
 
-@pytest.mark.parametrize("num_sms,max_model_len", [(1, 600), (16, 1024), (64, 4096)],
-                         ids=["1-split", "split-by-context", "many-splits"])
+@pytest.mark.parametrize('num_sms,max_model_len', [(1, 600), (16, 1024), (64, 4096)],
+                         ids=['1-split', 'split-by-context', 'many-splits'])
 @pytest.mark.parametrize(
-    "dtype,head_dim,hq,hkv",
-    [("float32", 32, 4, 2), ("bfloat16", 64, 8, 2), ("float16", 128, 20, 2)],
-    ids=["fp32-d32-gqa2", "bf16-d64-gqa4", "fp16-d128-gqa10"],
+    'dtype,head_dim,hq,hkv',
+    [('float32', 32, 4, 2), ('bfloat16', 64, 8, 2), ('float16', 128, 20, 2)],
+    ids=['fp32-d32-gqa2', 'bf16-d64-gqa4', 'fp16-d128-gqa10'],
 )
 def test_decode_matches_reference(dtype, head_dim, hq, hkv, num_sms, max_model_len):
     """Random block table, contexts across many blocks and split boundaries.
@@ -98,16 +98,16 @@ def test_decode_matches_reference(dtype, head_dim, hq, hkv, num_sms, max_model_l
 
         kv_layer = attn.kv_cache[layer]
         assert torch.equal(kv_layer[0].reshape(-1, hkv, head_dim)[slot], new_k[0]), \
-            "kv_write did not land at the slot mapping"
+            'kv_write did not land at the slot mapping'
         ref = _reference_decode(kv_layer, q, table[None], torch.tensor([context]), block_size)
         err = (out.double() - ref).abs().max().item()
         assert out.dtype == DTYPES[dtype] and out.shape == (1, hq, head_dim)
-        assert err <= ATOL[dtype], f"context {context}: max |err| {err}"
+        assert err <= ATOL[dtype], f'context {context}: max |err| {err}'
 
 
 def test_split_count_follows_the_grid_and_the_sm_count():
     kv = torch.zeros(1, 2, 4, 16, 8, 128, dtype=torch.bfloat16)
-    launch = kernel_emulator.emulated_launch("bfloat16", 128)
+    launch = kernel_emulator.emulated_launch('bfloat16', 128)
     # 2 CTAs per SM over 8 KV heads: an H100 (132 SMs) gets 33 splits, an AGX Orin (16) 4.
     assert CudaPagedAttention(kv, 16, 32768, launch=launch, num_sms=132).num_splits == 33
     assert CudaPagedAttention(kv, 16, 32768, launch=launch, num_sms=16).num_splits == 4
@@ -116,7 +116,7 @@ def test_split_count_follows_the_grid_and_the_sm_count():
 
 
 def test_kv_write_strided_input_and_skipped_slots():
-    attn, gen = _backend("bfloat16", 64, 8, 2)
+    attn, gen = _backend('bfloat16', 64, 8, 2)
     before = attn.kv_cache.clone()
     big = torch.randn(5, 2, 3, 64, generator=gen).to(torch.bfloat16)
     k, v = big[:, :, 0], big[:, :, 1]  # row stride 3*2*64 elements: not contiguous
@@ -130,62 +130,62 @@ def test_kv_write_strided_input_and_skipped_slots():
     expect[0, slots[keep]] = k[keep]
     expect[1, slots[keep]] = v[keep]
     assert torch.equal(flat, expect)
-    assert torch.equal(attn.kv_cache[1], before[1]), "another layer was written"
+    assert torch.equal(attn.kv_cache[1], before[1]), 'another layer was written'
 
 
 def test_arguments_are_typed_like_the_c_signature():
-    launch = kernel_emulator.emulated_launch("float32", 32)
-    with pytest.raises(TypeError, match="argument 5"):
-        launch("kv_write", (1,), (ks.NUM_THREADS,), (0, 0, 0, 0, 0, np.int64(2), np.int64(0),
+    launch = kernel_emulator.emulated_launch('float32', 32)
+    with pytest.raises(TypeError, match='argument 5'):
+        launch('kv_write', (1,), (ks.NUM_THREADS,), (0, 0, 0, 0, 0, np.int64(2), np.int64(0),
                                                       np.int64(0)))
 
 
 def test_backend_validation():
     kv = torch.zeros(1, 2, 4, 16, 2, 32)
-    with pytest.raises(ValueError, match="CUDA device"):
+    with pytest.raises(ValueError, match='CUDA device'):
         CudaPagedAttention(kv, 4, 128)
-    launch = kernel_emulator.emulated_launch("float32", 32)
-    with pytest.raises(ValueError, match="head_dim"):
+    launch = kernel_emulator.emulated_launch('float32', 32)
+    with pytest.raises(ValueError, match='head_dim'):
         CudaPagedAttention(torch.zeros(1, 2, 4, 16, 2, 48), 4, 128, launch=launch)
-    with pytest.raises(ValueError, match="multiple"):
+    with pytest.raises(ValueError, match='multiple'):
         CudaPagedAttention(kv, 3, 128, launch=launch)
     attn = CudaPagedAttention(kv, 4, 128, launch=launch)
-    with pytest.raises(RuntimeError, match="warmup"):
+    with pytest.raises(RuntimeError, match='warmup'):
         attn.attend(0, torch.zeros(1, 4, 32), torch.zeros(1, 2, 32), torch.zeros(1, 2, 32))
 
 
 # One rounding step of the dtype (the fused kernels round where torch rounds; only fp32
 # summation order and rsqrt differ, which can flip the last bit before a rounding).
-_ULP_TOL = {"float32": 1e-5, "bfloat16": 2 ** -7, "float16": 2 ** -10}
+_ULP_TOL = {'float32': 1e-5, 'bfloat16': 2 ** -7, 'float16': 2 ** -10}
 
 
 def _close(got, want, dtype, what):
     assert got.dtype == want.dtype and got.shape == want.shape, what
     tol = _ULP_TOL[dtype] * max(1.0, want.abs().max().item())
     err = (got.double() - want.double()).abs().max().item()
-    assert err <= tol, f"{what}: max |err| {err} > {tol}"
+    assert err <= tol, f'{what}: max |err| {err} > {tol}'
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("rows,cols", [(1, 64), (5, 2048), (3, 96)])
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16', 'float16'])
+@pytest.mark.parametrize('rows,cols', [(1, 64), (5, 2048), (3, 96)])
 def test_fused_norms_and_silu_match_the_torch_bodies(dtype, rows, cols):
     """rms_norm, add_rms_norm (residual updated in place) and silu_and_mul vs layers/."""
     torch_dtype = DTYPES[dtype]
     gen = torch.Generator().manual_seed(rows * cols)
-    ops = FusedOps(torch_dtype, 32, torch.device("cpu"),
+    ops = FusedOps(torch_dtype, 32, torch.device('cpu'),
                    launch=CountingLaunch(kernel_emulator.emulated_launch(dtype, 32)))
     x = (3 * torch.randn(rows, cols, generator=gen)).to(torch_dtype)
     residual = torch.randn(rows, cols, generator=gen).to(torch_dtype)
     weight = (1 + 0.1 * torch.randn(cols, generator=gen)).to(torch_dtype)
-    _close(ops.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6), dtype, "rms_norm")
+    _close(ops.rms_norm(x, weight, 1e-6), rms_norm(x, weight, 1e-6), dtype, 'rms_norm')
     want_out, want_res = add_rms_norm(x, residual, weight, 1e-6)
     res = residual.clone()
     got_out, got_res = ops.add_rms_norm(x, res, weight, 1e-6)
-    assert got_res is res and torch.equal(got_res, want_res), "residual add must be exact"
-    _close(got_out, want_out, dtype, "add_rms_norm")
+    assert got_res is res and torch.equal(got_res, want_res), 'residual add must be exact'
+    _close(got_out, want_out, dtype, 'add_rms_norm')
     gate_up = torch.randn(rows, 2 * cols, generator=gen).to(torch_dtype)
-    _close(ops.silu_and_mul(gate_up), silu_and_mul(gate_up), dtype, "silu_and_mul")
-    assert ops._launch.counts == {"rms_norm": 1, "add_rms_norm": 1, "silu_and_mul": 1}
+    _close(ops.silu_and_mul(gate_up), silu_and_mul(gate_up), dtype, 'silu_and_mul')
+    assert ops._launch.counts == {'rms_norm': 1, 'add_rms_norm': 1, 'silu_and_mul': 1}
 
 
 def test_kernels_run_with_flush_to_zero_as_cupy_compiles_them():
@@ -194,38 +194,38 @@ def test_kernels_run_with_flush_to_zero_as_cupy_compiles_them():
     Here a bf16 subnormal activation (its fp32 value is a subnormal); the caller's arithmetic,
     after the launch, still keeps subnormals (the mode is restored).
     """
-    assert kernel_emulator.flushes_subnormals("bfloat16", 32)
-    ops = FusedOps(torch.bfloat16, 32, torch.device("cpu"),
-                   launch=kernel_emulator.emulated_launch("bfloat16", 32))
+    assert kernel_emulator.flushes_subnormals('bfloat16', 32)
+    ops = FusedOps(torch.bfloat16, 32, torch.device('cpu'),
+                   launch=kernel_emulator.emulated_launch('bfloat16', 32))
     x = torch.ones(1, 64, dtype=torch.bfloat16)
     x[0, 0] = 1e-39  # a bf16 (and fp32) subnormal
     weight = torch.ones(64, dtype=torch.bfloat16)
     want = rms_norm(x, weight, 1e-6)
     assert want[0, 0] != 0  # torch's CPU path computes through the subnormal
     got = ops.rms_norm(x, weight, 1e-6)
-    assert got[0, 0] == 0, "the emulated kernel did not flush the subnormal to zero"
+    assert got[0, 0] == 0, 'the emulated kernel did not flush the subnormal to zero'
     assert torch.equal(got[0, 1:], want[0, 1:])
-    assert torch.tensor([1e-39]) * 2 != 0 and 5e-324 * 1.0 > 0, "flush-to-zero leaked out"
+    assert torch.tensor([1e-39]) * 2 != 0 and 5e-324 * 1.0 > 0, 'flush-to-zero leaked out'
 
 
 def test_fused_ops_fall_back_to_torch_for_inputs_the_kernels_cannot_take():
-    launch = CountingLaunch(kernel_emulator.emulated_launch("float32", 32))
-    ops = FusedOps(torch.float32, 32, torch.device("cpu"), launch=launch)
+    launch = CountingLaunch(kernel_emulator.emulated_launch('float32', 32))
+    ops = FusedOps(torch.float32, 32, torch.device('cpu'), launch=launch)
     x = torch.randn(3, 30)  # 30 columns: not whole 16-byte vectors
     w = torch.ones(30)
     assert torch.equal(ops.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6))
     norm = RMSNorm(32, 1e-6)
-    with dispatch.installed("cpu", torch.float32, ops):
+    with dispatch.installed('cpu', torch.float32, ops):
         norm(torch.randn(2, 4, 32))  # q/k-norm shaped (3-D): the torch body
         norm(torch.randn(2, 32))  # the kernel
-    assert launch.counts == {"rms_norm": 1}
+    assert launch.counts == {'rms_norm': 1}
 
 
-@pytest.mark.parametrize("positions", ["1d-decode", "3d-prefill"])
+@pytest.mark.parametrize('positions', ['1d-decode', '3d-prefill'])
 @pytest.mark.parametrize(
-    "dtype,head_dim,hq,hkv",
-    [("float32", 32, 4, 2), ("bfloat16", 64, 8, 2), ("float16", 128, 16, 8)],
-    ids=["fp32-d32", "bf16-d64", "fp16-d128"],
+    'dtype,head_dim,hq,hkv',
+    [('float32', 32, 4, 2), ('bfloat16', 64, 8, 2), ('float16', 128, 16, 8)],
+    ids=['fp32-d32', 'bf16-d64', 'fp16-d128'],
 )
 @torch.no_grad()
 def test_fused_qk_norm_rope_kv_write_matches_the_torch_path(dtype, head_dim, hq, hkv,
@@ -241,7 +241,7 @@ def test_fused_qk_norm_rope_kv_write_matches_the_torch_path(dtype, head_dim, hq,
     ref = TorchPagedAttention(attn.kv_cache.clone())
     rope = MRotaryEmbedding(head_dim, 10000.0, [head_dim // 6, head_dim // 6 - 1,
                                                  head_dim // 2 - 2 * (head_dim // 6) + 1])
-    n = 1 if positions == "1d-decode" else 12
+    n = 1 if positions == '1d-decode' else 12
     if n == 1:
         pos = torch.tensor([40])
         num_prefix = 40
@@ -265,16 +265,16 @@ def test_fused_qk_norm_rope_kv_write_matches_the_torch_path(dtype, head_dim, hq,
     for backend in (attn, ref):
         backend.prepare(slots, table, num_prefix, n)
         outs.append(backend.attend_qkv(1, q, k, v, q_norm, k_norm, cos, sin))
-    _close(outs[0], outs[1], dtype, "attention output")
+    _close(outs[0], outs[1], dtype, 'attention output')
     flat, flat_ref = (b.kv_cache[1].reshape(2, -1, hkv, head_dim) for b in (attn, ref))
-    _close(flat[0, slots], flat_ref[0, slots], dtype, "k in the cache")
-    assert torch.equal(flat[1], flat_ref[1]), "v copied as is, nothing else written"
-    assert torch.equal(attn.kv_cache[0], ref.kv_cache[0]), "another layer was written"
+    _close(flat[0, slots], flat_ref[0, slots], dtype, 'k in the cache')
+    assert torch.equal(flat[1], flat_ref[1]), 'v copied as is, nothing else written'
+    assert torch.equal(attn.kv_cache[0], ref.kv_cache[0]), 'another layer was written'
 
 
 def test_warmup_launches_write_nothing():
     """warmup() runs every attention kernel with slot -1 and an empty context: no-ops."""
-    attn, _ = _backend("bfloat16", 64, 8, 2)
+    attn, _ = _backend('bfloat16', 64, 8, 2)
     before = attn.kv_cache.clone()
     attn.warmup()
     assert torch.equal(attn.kv_cache, before)
@@ -295,9 +295,9 @@ def test_model_runner_fused_decode_across_blocks(tiny_ckpt):
     model = load_model(tiny_ckpt, dtype=torch.float32).eval()
     tc = model.config.text
     num_blocks, block_size, max_len = 48, 16, 600
-    cpu = torch.device("cpu")
+    cpu = torch.device('cpu')
     ref = ModelRunner(model, num_blocks, block_size, max_len, cpu, torch.float32)
-    launch = CountingLaunch(kernel_emulator.emulated_launch("float32", tc.head_dim))
+    launch = CountingLaunch(kernel_emulator.emulated_launch('float32', tc.head_dim))
     runner, ops = kernel_emulator.fused_runner(model, num_blocks, block_size, max_len, launch)
     assert runner.attn.num_splits > 1
     rng = random.Random(0)
@@ -308,16 +308,16 @@ def test_model_runner_fused_decode_across_blocks(tiny_ckpt):
     assert (want - got).abs().max().item() < 1e-4
     for step, (want, got) in enumerate(steps):
         err = (want - got).abs().max().item()
-        assert err < 1e-4, f"step {step}: logits differ by {err}"
+        assert err < 1e-4, f'step {step}: logits differ by {err}'
         assert int(got.argmax()) == int(want.argmax())
     layers = tc.num_hidden_layers
     assert launch.counts == {
-        "rms_norm": 1,  # layer 0's input norm (no residual yet)
-        "add_rms_norm": 2 * layers,  # the rest, the final norm's residual add included
-        "qk_norm_rope_kv_write": layers,
-        "paged_decode_split": layers,
-        "paged_decode_reduce": layers,
-        "silu_and_mul": layers,
+        'rms_norm': 1,  # layer 0's input norm (no residual yet)
+        'add_rms_norm': 2 * layers,  # the rest, the final norm's residual add included
+        'qk_norm_rope_kv_write': layers,
+        'paged_decode_split': layers,
+        'paged_decode_reduce': layers,
+        'silu_and_mul': layers,
     }
 
 
@@ -366,8 +366,8 @@ def test_graph_decode_bookkeeping_with_a_fake_graph(tiny_ckpt):
 
     model = load_model(tiny_ckpt, dtype=torch.float32).eval()
     tc = model.config.text
-    launch = kernel_emulator.emulated_launch("float32", tc.head_dim)
-    cpu = torch.device("cpu")
+    launch = kernel_emulator.emulated_launch('float32', tc.head_dim)
+    cpu = torch.device('cpu')
     ref = ModelRunner(model, 32, 16, 256, cpu, torch.float32)
     runner = ModelRunner(model, 32, 16, 256, cpu, torch.float32)
 

@@ -45,5 +45,5 @@ def test_missing_model_makes_the_launch_exit_non_zero(tmp_path, capfd):
     assert service.run() == 1
     out = capfd.readouterr()
     log = out.out + out.err
-    assert "FATAL" in log and "'model_path'" in log, log[-3000:]
+    assert 'FATAL' in log and "'model_path'" in log, log[-3000:]
     assert 'exited with code 2: the VLM node is down' in log, log[-3000:]

@@ -330,7 +330,7 @@ def test_a_camera_with_one_frame_in_the_window_gives_it_as_an_image(cams, refere
     assert ns(seen['wrist']['image']['stamp']) == stamp
     stamps = [ns(s) for s in seen['front']['video']['stamps']]
     assert len(stamps) >= 2, info
-    assert ns(info['video']['end']) == stamp, 'the one frame counts in the clips\' span'
+    assert ns(info['video']['end']) == stamp, "the one frame counts in the clips' span"
     sizer = FrameSizer.of(reference.prompts)
     by_stamp = {st: rgb for st, rgb in cams.sent.values()}
     front = VideoClip([resize_for_model(by_stamp[st], sizer) for st in stamps],

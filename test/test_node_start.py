@@ -54,7 +54,7 @@ def test_a_camera_named_like_the_nodes_own_topics_stops_the_start(names, args, s
 # trigger is hard to make on purpose: every name the middleware refuses is refused at start-up
 # now).  Everything around it -- rclpy's lifecycle, which swallows an exception from a
 # transition without a word, the executor, the exit path -- is the real one.
-FAILING_ACTIVATION = '''
+FAILING_ACTIVATION = """
 from orin_llm_node.ros.cameras.intake import ImageIntake
 from orin_llm_node.ros.main import main
 
@@ -71,7 +71,7 @@ def subscribe(self, *args):
 
 ImageIntake.subscribe = subscribe
 main()
-'''
+"""
 
 
 def failing_node(tmp_path, ns, tiny_ckpt, *extra):

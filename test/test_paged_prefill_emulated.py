@@ -25,7 +25,7 @@ from orin_llm_node.attention.torch_backend import TorchPagedAttention
 from orin_llm_node.kernels import kernel_sources as ks
 
 pytestmark = pytest.mark.skipif(
-    not kernel_emulator.compiler_available(), reason="g++ is needed to build the emulator"
+    not kernel_emulator.compiler_available(), reason='g++ is needed to build the emulator'
 )
 
 
@@ -47,20 +47,20 @@ def _reference(kv_layer, q, table, num_prefix, num_new, block_size):
     slots = table[t // block_size] * block_size + t % block_size
     k = kv_layer[0].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, dim=1)
     v = kv_layer[1].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, dim=1)
-    s = torch.einsum("nhd,thd->nht", q[:num_new].double(), k) * d ** -0.5
+    s = torch.einsum('nhd,thd->nht', q[:num_new].double(), k) * d ** -0.5
     visible = t[None, :] <= num_prefix + torch.arange(num_new)[:, None]  # [n, keys]
-    s = s.masked_fill(~visible[:, None, :], float("-inf"))
-    return torch.einsum("nht,thd->nhd", s.softmax(-1), v)
+    s = s.masked_fill(~visible[:, None, :], float('-inf'))
+    return torch.einsum('nht,thd->nhd', s.softmax(-1), v)
 
 
 @pytest.mark.parametrize(
-    "dtype,head_dim,hq,hkv,num_prefix,num_new,pad",
+    'dtype,head_dim,hq,hkv,num_prefix,num_new,pad',
     [
-        ("float32", 32, 4, 2, 0, 19, 0),  # cold prefill, no prefix
-        ("float32", 32, 4, 4, 37, 2, 14),  # MHA, prefix ends mid-block, padded to 16
-        ("bfloat16", 64, 8, 2, 21, 27, 5),  # GQA 4, several key tiles
-        ("float16", 128, 20, 2, 50, 9, 23),  # GQA 10: one row tile spans tokens
-        ("bfloat16", 128, 4, 4, 64, 33, 31),  # prefix a whole number of blocks
+        ('float32', 32, 4, 2, 0, 19, 0),  # cold prefill, no prefix
+        ('float32', 32, 4, 4, 37, 2, 14),  # MHA, prefix ends mid-block, padded to 16
+        ('bfloat16', 64, 8, 2, 21, 27, 5),  # GQA 4, several key tiles
+        ('float16', 128, 20, 2, 50, 9, 23),  # GQA 10: one row tile spans tokens
+        ('bfloat16', 128, 4, 4, 64, 33, 31),  # prefix a whole number of blocks
     ],
 )
 def test_prefill_matches_reference(dtype, head_dim, hq, hkv, num_prefix, num_new, pad):
@@ -82,17 +82,17 @@ def test_prefill_matches_reference(dtype, head_dim, hq, hkv, num_prefix, num_new
     flat = expect_kv[1].view(2, -1, hkv, head_dim)
     flat[0, slots[:num_new]] = k[:num_new]
     flat[1, slots[:num_new]] = v[:num_new]
-    assert torch.equal(attn.kv_cache, expect_kv), "padding rows must not write KV"
+    assert torch.equal(attn.kv_cache, expect_kv), 'padding rows must not write KV'
     ref = _reference(attn.kv_cache[1], q, table, num_prefix, num_new, block_size)
     assert out.shape == (rows, hq, head_dim) and out.dtype == DTYPES[dtype]
     err = (out[:num_new].double() - ref).abs().max().item()
-    assert err <= ATOL[dtype], f"max |err| {err}"
-    assert not out[num_new:].any(), "padding rows must come out as zeros"
+    assert err <= ATOL[dtype], f'max |err| {err}'
+    assert not out[num_new:].any(), 'padding rows must come out as zeros'
 
 
 def test_prefill_equals_torch_backend_with_and_without_padding():
     """fp32: the kernel path and the torch backend agree, and padding changes no real row."""
-    attn, gen = _kernels("float32", 32, 4, 2)
+    attn, gen = _kernels('float32', 32, 4, 2)
     torch_attn = TorchPagedAttention(attn.kv_cache.clone())
     table = torch.randperm(32, generator=gen)[:5]
     num_prefix, n = 21, 19
@@ -120,11 +120,11 @@ def test_prefill_launch_shape_does_not_depend_on_the_lengths():
 
     Row tiles on gridDim.x, KV heads on gridDim.y.
     """
-    attn, gen = _kernels("float32", 32, 6, 2)
+    attn, gen = _kernels('float32', 32, 6, 2)
     grids = []
 
     def record(name, grid, block, args):
-        if name == "paged_prefill":
+        if name == 'paged_prefill':
             grids.append((tuple(grid), tuple(block), args[6]))
         launch(name, grid, block, args)
 
@@ -138,10 +138,10 @@ def test_prefill_launch_shape_does_not_depend_on_the_lengths():
         attn.prepare(slots, table, num_prefix, n)
         attn.attend(0, *(torch.randn(16, h, 32, generator=gen) for h in (6, 2, 2)))
     assert len(set(grids)) == 1
-    assert grids[0][0] == (-(-16 * 3 // ks.prefill_rows("float32")), 2)
+    assert grids[0][0] == (-(-16 * 3 // ks.prefill_rows('float32')), 2)
 
 
-@pytest.mark.parametrize("cached", [0, 13, 29, 45])
+@pytest.mark.parametrize('cached', [0, 13, 29, 45])
 def test_tiny_model_through_every_fused_kernel(tiny_ckpt, cached):
     """The tiny model's prefills and decode with every custom kernel (emulated) vs torch.
 
@@ -164,7 +164,7 @@ def test_tiny_model_through_every_fused_kernel(tiny_ckpt, cached):
     model = load_model(tiny_ckpt, dtype=torch.float32).eval()
     cfg = model.config
     tc, layers = cfg.text, cfg.text.num_hidden_layers
-    cpu = torch.device("cpu")
+    cpu = torch.device('cpu')
     rng = random.Random(cached)
     text = [t for t in range(tc.vocab_size) if t != cfg.image_token_id]
     grid = (1, 16, 16)  # 256 patches -> 64 merged tokens
@@ -182,7 +182,7 @@ def test_tiny_model_through_every_fused_kernel(tiny_ckpt, cached):
     with torch.inference_mode():
         visual = model.encode_images(pixels, torch.tensor([grid]))
     table = rng.sample(range(24), 9)
-    launch = kernel_emulator.CountingLaunch(kernel_emulator.emulated_launch("float32",
+    launch = kernel_emulator.CountingLaunch(kernel_emulator.emulated_launch('float32',
                                                                             tc.head_dim))
     ref = ModelRunner(model, 24, 16, 256, cpu, torch.float32)
     fused, ops = kernel_emulator.fused_runner(model, 24, 16, 256, launch)
@@ -198,8 +198,8 @@ def test_tiny_model_through_every_fused_kernel(tiny_ckpt, cached):
         assert int(got.argmax()) == int(want.argmax())
         return int(want.argmax()), dict(launch.counts)
 
-    prefill_counts = {"qk_norm_rope_kv_write": layers, "paged_prefill": layers,
-                      "silu_and_mul": layers}
+    prefill_counts = {'qk_norm_rope_kv_write': layers, 'paged_prefill': layers,
+                      'silu_and_mul': layers}
     lo, hi = image_span
     if cached:
         _, counts = both(lambda r: r.prefill(prompt[:cached], pos[:, :cached], table, 0,
@@ -209,15 +209,15 @@ def test_tiny_model_through_every_fused_kernel(tiny_ckpt, cached):
     _, counts = both(lambda r: r.prefill(prompt[cached:], pos[:, cached:len(prompt)], table,
                                          cached, visual[rows]))
     assert {k: counts.get(k) for k in prefill_counts} == prefill_counts, counts
-    assert not {"kv_write", "paged_decode_split"} & counts.keys(), counts
+    assert not {'kv_write', 'paged_decode_split'} & counts.keys(), counts
 
     start = len(prompt)
     token, counts = both(lambda r: r.prefill(follow_up, pos[:, start:], table, start))
-    assert counts == {"rms_norm": 1, "add_rms_norm": 2 * layers, **prefill_counts}, counts
-    assert launch.last_args["paged_prefill"][6] == 16, "the follow-up runs padded to its bucket"
+    assert counts == {'rms_norm': 1, 'add_rms_norm': 2 * layers, **prefill_counts}, counts
+    assert launch.last_args['paged_prefill'][6] == 16, 'the follow-up runs padded to its bucket'
     context = start + len(follow_up)
     for _ in range(12):  # 108 -> 120 tokens: crosses the block boundary at 112
         context += 1
         token, _ = both(lambda r, c=context, t=token: r.decode(t, c - 1 + delta, table, c))
     kv_err = (ref.kv_cache - fused.kv_cache).abs().max().item()
-    assert kv_err < 1e-4, f"KV caches differ by {kv_err} (a padding row written?)"
+    assert kv_err < 1e-4, f'KV caches differ by {kv_err} (a padding row written?)'

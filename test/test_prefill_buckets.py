@@ -25,10 +25,10 @@ from orin_llm_node.engine.model_runner import ModelRunner
 from orin_llm_node.engine.prefill_graph import PrefillGraphs
 from orin_llm_node.models.loader import load_model
 
-CPU = torch.device("cpu")
+CPU = torch.device('cpu')
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def model(tiny_ckpt):
     return load_model(tiny_ckpt, dtype=torch.float32).eval()
 
@@ -38,7 +38,7 @@ def _runner(model, buckets, num_blocks=32, block_size=16):
                        prefill_buckets=buckets)
 
 
-@pytest.mark.parametrize("suffix", [1, 2, 5, 15, 16, 17, 31, 50, 64])
+@pytest.mark.parametrize('suffix', [1, 2, 5, 15, 16, 17, 31, 50, 64])
 def test_padded_suffix_matches_unpadded(model, suffix):
     """A 37-token cached prefix (ends mid-block), then ``suffix`` new tokens padded to a bucket."""
     tc = model.config.text
@@ -76,13 +76,13 @@ def test_suffix_longer_than_every_bucket_runs_eagerly(model):
     prompt = list(range(3, 3 + 17))
     runner.prefill(prompt, np.tile(np.arange(17), (3, 1)), [0, 1], 0)
     assert not calls and runner.prefill_graphs.bucket(17) is None
-    with pytest.raises(ValueError, match="largest prefill bucket"):
+    with pytest.raises(ValueError, match='largest prefill bucket'):
         runner.prefill_graphs.run(prompt, np.zeros((3, 17), dtype=np.int64), [0, 1], 0)
 
 
 def test_engine_follow_ups_through_buckets_match_transformers(tiny_ckpt):
     """Follow-ups of new lengths, each padded, crossing block boundaries: tokens == reference."""
-    eng = LLMEngine(EngineConfig(model_path=tiny_ckpt, device="cpu", block_size=4,
+    eng = LLMEngine(EngineConfig(model_path=tiny_ckpt, device='cpu', block_size=4,
                                  num_kv_blocks=512, block_order_seed=3))
     graphs = eng.runner.prefill_graphs = PrefillGraphs(eng.runner, (8, 16, 32, 64))
     sizes = []
@@ -94,9 +94,9 @@ def test_engine_follow_ups_through_buckets_match_transformers(tiny_ckpt):
 
     graphs.run = spy
     ref = Reference(tiny_ckpt)
-    conv = eng.new_conversation("You are a robot.")
-    questions = ["Hi.", "Is the door open or closed right now?", "Why?",
-                 "Count the boxes on the left shelf and tell me which one is the largest."]
+    conv = eng.new_conversation('You are a robot.')
+    questions = ['Hi.', 'Is the door open or closed right now?', 'Why?',
+                 'Count the boxes on the left shelf and tell me which one is the largest.']
     for q in questions:
         res = eng.chat(conv, q, sampling=SamplingParams(max_tokens=7, ignore_eos=True))
         assert res.token_ids == ref.generate(res.prompt_token_ids, [], 7, ignore_eos=True)
@@ -111,13 +111,13 @@ def test_prefill_graph_bookkeeping_with_emulated_kernels(model):
     One capture per bucket at load; later prompts of new lengths and prefixes only rewrite
     buffer contents (no re-capture) and track the torch backend; a new backend re-captures.
     """
-    kernel_emulator = pytest.importorskip("kernel_emulator")
+    kernel_emulator = pytest.importorskip('kernel_emulator')
     if not kernel_emulator.compiler_available():
-        pytest.skip("g++ is needed to build the emulator")
+        pytest.skip('g++ is needed to build the emulator')
     from orin_llm_node.attention.cuda_backend import CudaPagedAttention
 
     tc = model.config.text
-    launch = kernel_emulator.emulated_launch("float32", tc.head_dim)
+    launch = kernel_emulator.emulated_launch('float32', tc.head_dim)
     ref = _runner(model, ())
     runner = _runner(model, ())
 

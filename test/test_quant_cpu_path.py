@@ -26,13 +26,13 @@ from torch.utils._pytree import tree_leaves
 from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear, cpu_layout, scratch
 
 LAYERS = {  # name: (class, group size (None: per channel), asymmetric)
-    "int8": (Int8Linear, None, False),
-    "int8-g128": (Int8Linear, 128, False),
-    "int4": (Int4Linear, 128, False),
-    "int4_asym-g32": (Int4Linear, 32, True),
-    "int4_asym": (Int4Linear, 128, True),
-    "int4_asym-channel": (Int4Linear, None, True),
-    "fp8": (Fp8Linear, 128, False),
+    'int8': (Int8Linear, None, False),
+    'int8-g128': (Int8Linear, 128, False),
+    'int4': (Int4Linear, 128, False),
+    'int4_asym-g32': (Int4Linear, 32, True),
+    'int4_asym': (Int4Linear, 128, True),
+    'int4_asym-channel': (Int4Linear, None, True),
+    'fp8': (Fp8Linear, 128, False),
 }
 
 
@@ -59,8 +59,8 @@ def _exact_weight(layer) -> torch.Tensor:
     return w * layer.scale.double().repeat_interleave(gs, 1)[:, :k] * layer.code_unit
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
-@pytest.mark.parametrize("k,n", [(320, 201), (48, 64), (1000, 96)])
+@pytest.mark.parametrize('name', list(LAYERS))
+@pytest.mark.parametrize('k,n', [(320, 201), (48, 64), (1000, 96)])
 def test_cpu_layout_keeps_the_weights(name, k, n):
     """Odd output counts, short last groups, ``in`` < 128: the same weights, no extra bytes."""
     layer = _layer(name, k, n, cpu_layout_=False)
@@ -74,8 +74,8 @@ def test_cpu_layout_keeps_the_weights(name, k, n):
     assert after <= before + 8 * k + n * layer.num_groups
 
 
-@pytest.mark.parametrize("name", [n for n in LAYERS if n != "int4_asym-channel"])
-@pytest.mark.parametrize("k", [1024, 3072])
+@pytest.mark.parametrize('name', [n for n in LAYERS if n != 'int4_asym-channel'])
+@pytest.mark.parametrize('k', [1024, 3072])
 def test_decode_is_as_exact_as_dense_linear(name, k):
     """Against the exact product (float64), decode is at least as close as ``F.linear``.
 
@@ -96,7 +96,7 @@ def test_decode_is_as_exact_as_dense_linear(name, k):
     assert statistics.mean(ours) <= 1.25 * statistics.mean(dense), (ours, dense)
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize('name', list(LAYERS))
 def test_narrow_layers_stay_within_float_rounding(name):
     """Under 1024 input columns the bag sums lose their edge: within 2.5x of ``F.linear``."""
     layer = _layer(name, 320, 200, bias=True, cpu_layout_=False)
@@ -108,7 +108,7 @@ def test_narrow_layers_stay_within_float_rounding(name):
     assert ours <= 2.5 * (F.linear(x, w, layer.bias).double() - want).abs().mean().item()
 
 
-@pytest.mark.parametrize("name", ["int8", "int4_asym-g32", "fp8"])
+@pytest.mark.parametrize('name', ['int8', 'int4_asym-g32', 'fp8'])
 def test_low_precision_activations_are_rounded_once(name):
     """bf16 activations: computed in fp32 over the exact weights, rounded once to bf16."""
     layer = _layer(name, 320, 200, bias=True, cpu_layout_=False)
@@ -121,7 +121,7 @@ def test_low_precision_activations_are_rounded_once(name):
     assert (got.float() - want.float()).abs().max() <= 2 ** -7 * want.float().abs().max()
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize('name', list(LAYERS))
 def test_cpu_prefill_matches_dense_linear(name):
     """More rows than the decode path takes, 3-D input, bias: ``F.linear``'s numbers."""
     layer = _layer(name, 320, 200, bias=True, cpu_layout_=False)
@@ -142,21 +142,21 @@ class _Census(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not func.is_view and not func.__name__.startswith("empty"):
+        if not func.is_view and not func.__name__.startswith('empty'):
             written = sum(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
             self.ops.append((func.__name__, written))
         return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def census_ckpt(make_ckpt):
     # gate_up 2048 x 256, down 256 x 1024: tiles of the old path were weight-sized.
-    return make_ckpt("quant-cpu-census", text_config={"hidden_size": 256,
-                                                       "intermediate_size": 1024})
+    return make_ckpt('quant-cpu-census', text_config={'hidden_size': 256,
+                                                       'intermediate_size': 1024})
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4", "int4_asym"])
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize('quantization', ['int8', 'int4', 'int4_asym'])
+@pytest.mark.parametrize('rows', [1, 4])
 def test_int_decode_reads_the_codes_once(census_ckpt, quantization, rows):
     """A loaded CPU layer decodes with one fbgemm bag-kernel call over its codes.
 
@@ -172,13 +172,13 @@ def test_int_decode_reads_the_codes_once(census_ckpt, quantization, rows):
         x = torch.randn(rows, proj.input_size)
         with _Census() as census:
             proj(x)
-        bags = [op for op in census.ops if op[0].startswith("embedding_bag")]
+        bags = [op for op in census.ops if op[0].startswith('embedding_bag')]
         assert len(bags) == 1, census.ops
         big = [op for op in census.ops if op not in bags and op[1] > cpu_layout.SERIAL_ELEMENTS]
         assert not big, big
 
 
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize('rows', [1, 4])
 def test_fp8_decode_makes_four_passes_over_a_tile(census_ckpt, rows):
     """FP8 decode: e4m3 -> int16, x 2^7, clear bit 14, -> fp32, then one bmm per tile.
 
@@ -187,7 +187,7 @@ def test_fp8_decode_makes_four_passes_over_a_tile(census_ckpt, rows):
     """
     from orin_llm_node.models import load_model
 
-    model = load_model(census_ckpt, quantization="fp8")
+    model = load_model(census_ckpt, quantization='fp8')
     proj = model.language_model.layers[0].mlp.gate_up_proj
     weights = proj.input_size * proj.output_size
     x = torch.randn(rows, proj.input_size)
@@ -203,7 +203,7 @@ def _cpu_seconds(fn) -> float:
     return time.thread_time() - t0
 
 
-@pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines,
+@pytest.mark.skipif('fbgemm' not in torch.backends.quantized.supported_engines,
                     reason="fbgemm's bag kernels are x86 only (elsewhere a reference loop)")
 def test_int_decode_costs_less_cpu_time_than_float():
     """INT8 / INT4 decode takes at most 0.8x the CPU time of float's GEMV.
@@ -217,14 +217,14 @@ def test_int_decode_costs_less_cpu_time_than_float():
     weights = [torch.randn(n, k, generator=gen) / k ** 0.5 for n, k in shapes]
     x = torch.randn(1, 1024, generator=gen)
     layers = {}
-    for name in ("int8", "int4", "int4_asym"):
+    for name in ('int8', 'int4', 'int4_asym'):
         cls, group, asym = LAYERS[name]
         layers[name] = [cls(w.shape[1], w.shape[0], group_size=group or w.shape[1],
                             asymmetric=asym) for w in weights]
         for layer, w in zip(layers[name], weights, strict=True):
             layer.quantize_from(w)
             layer.use_cpu_layout()
-    turns = {"float": lambda: [F.linear(x, w) for w in weights]}
+    turns = {'float': lambda: [F.linear(x, w) for w in weights]}
     turns.update({name: (lambda ls=ls: [layer(x) for layer in ls]) for name, ls in layers.items()})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -236,13 +236,13 @@ def test_int_decode_costs_less_cpu_time_than_float():
                     seconds[name].append(_cpu_seconds(fn))
     finally:
         torch.set_num_threads(threads)
-    flt = statistics.median(seconds["float"])
+    flt = statistics.median(seconds['float'])
     ratios = {name: statistics.median(s) / flt for name, s in seconds.items() if name in layers}
     assert all(r <= 0.8 for r in ratios.values()), ratios
 
 
 def test_buffers_made_under_inference_mode_serve_plain_calls_too():
-    layer = _layer("fp8", 320, 200)
+    layer = _layer('fp8', 320, 200)
     x = torch.randn(1, 320)
     with torch.inference_mode():
         want = layer(x)  # the engine runs under inference_mode
@@ -255,31 +255,31 @@ def test_buffers_made_under_inference_mode_serve_plain_calls_too():
 
 def test_fp8_decode_reuses_its_buffers():
     """Two layers and repeated calls: the same tile buffers, a tile's worth of bytes."""
-    layers = [_layer("fp8", 1024, 512, seed=s) for s in range(2)]
+    layers = [_layer('fp8', 1024, 512, seed=s) for s in range(2)]
     x = torch.randn(1, 1024)
     layers[0](x)
     held = scratch.held_bytes()
-    weight = scratch.buffer("weight", 1, torch.float32, x.device)
+    weight = scratch.buffer('weight', 1, torch.float32, x.device)
     layers[1](x)
     layers[0](x)
     assert scratch.held_bytes() == held
-    assert scratch.buffer("weight", 1, torch.float32, x.device).data_ptr() == weight.data_ptr()
+    assert scratch.buffer('weight', 1, torch.float32, x.device).data_ptr() == weight.data_ptr()
     # fp32 tile + int16 codes (+ int16 shifted nibbles of INT4) per tile element at most,
     # whatever else other tests left behind.
     assert held <= 8 * max(scratch.TILE_ELEMENTS, 128 * 512)
 
 
 def test_each_thread_has_its_own_buffers():
-    mine = scratch.buffer("weight", 8, torch.float32, torch.device("cpu"))
+    mine = scratch.buffer('weight', 8, torch.float32, torch.device('cpu'))
     theirs = []
     t = threading.Thread(target=lambda: theirs.append(
-        scratch.buffer("weight", 8, torch.float32, torch.device("cpu")).data_ptr()))
+        scratch.buffer('weight', 8, torch.float32, torch.device('cpu')).data_ptr()))
     t.start()
     t.join()
     assert theirs[0] != mine.data_ptr()
 
 
-@pytest.mark.parametrize("layout", ["canonical", "cpu"])
+@pytest.mark.parametrize('layout', ['canonical', 'cpu'])
 def test_fp8_bit_decoding_is_exact_for_every_code_under_flush_to_zero(layout):
     """Every finite e4m3 code, subnormals too, decodes like torch's cast, also under FTZ.
 
@@ -292,7 +292,7 @@ def test_fp8_bit_decoding_is_exact_for_every_code_under_flush_to_zero(layout):
     layer.scale.copy_(torch.tensor([[1.0, 1.0], [0.5, 2.0], [3.0, 1e-3]]))
     want = codes.view(torch.float8_e4m3fn).float() * layer.scale.repeat_interleave(128, 1)[:, :254]
     assert (want[0] != 0).sum() == 252 and want[0].abs().min() == 0  # subnormals present
-    if layout == "cpu":
+    if layout == 'cpu':
         layer.use_cpu_layout()
     torch.set_flush_denormal(True)
     try:

@@ -19,20 +19,20 @@ from orin_llm_node.kernels.cuda_ops import GEMV_MAX_ROWS, FusedOps
 from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear
 
 pytestmark = pytest.mark.skipif(
-    not kernel_emulator.compiler_available(), reason="g++ is needed to build the emulator"
+    not kernel_emulator.compiler_available(), reason='g++ is needed to build the emulator'
 )
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 # Relative to max |y|: fp32 accumulation, one rounding of the output to the dtype.
-_RTOL = {"float32": 1e-5, "bfloat16": 8e-3, "float16": 1e-3}
+_RTOL = {'float32': 1e-5, 'bfloat16': 8e-3, 'float16': 1e-3}
 
 
 def _emulated(dtype, launch=None):
     """The emulated kernels installed for CPU tensors of ``dtype`` (a ``with`` block)."""
     torch_dtype = _DTYPES[dtype]
     launch = launch or kernel_emulator.emulated_launch(dtype, 128)
-    return dispatch.installed("cpu", torch_dtype,
-                              FusedOps(torch_dtype, 128, torch.device("cpu"), launch=launch))
+    return dispatch.installed('cpu', torch_dtype,
+                              FusedOps(torch_dtype, 128, torch.device('cpu'), launch=launch))
 
 
 def _layer(cls, k, n, group, asym=False, bias=True, seed=0):
@@ -56,8 +56,8 @@ CASES = [
 IDS = [f"{c.format}-k{k}-n{n}-g{g}{'-asym' if a else ''}" for c, k, n, g, a in CASES]
 
 
-@pytest.mark.parametrize("dtype", list(_DTYPES))
-@pytest.mark.parametrize("cls,k,n,group,asym", CASES, ids=IDS)
+@pytest.mark.parametrize('dtype', list(_DTYPES))
+@pytest.mark.parametrize('cls,k,n,group,asym', CASES, ids=IDS)
 def test_gemv_matches_torch_path(cls, k, n, group, asym, dtype):
     layer, gen = _layer(cls, k, n, group, asym)
     assert layer.kernel_supported()
@@ -68,11 +68,11 @@ def test_gemv_matches_torch_path(cls, k, n, group, asym, dtype):
         assert got.dtype == x.dtype and got.shape == (rows, n)
         want = x.double() @ layer.dequantize(torch.float64).t() + layer.bias.double()
         err = (got.double() - want).abs().max().item()
-        assert err <= _RTOL[dtype] * want.abs().max().item(), f"{rows} rows: |diff| {err:.3g}"
+        assert err <= _RTOL[dtype] * want.abs().max().item(), f'{rows} rows: |diff| {err:.3g}'
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("cls,k,n,group,asym", CASES, ids=IDS)
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('cls,k,n,group,asym', CASES, ids=IDS)
 def test_prefill_dequantise_is_bit_exact(cls, k, n, group, asym, dtype):
     """More rows than the GEMV serves: dense scratch weight (kernel) + F.linear."""
     layer, gen = _layer(cls, k, n, group, asym)
@@ -89,7 +89,7 @@ def test_fp8_decodes_every_code():
     layer.qweight.copy_(torch.cat([codes, codes[:2]]).view(1, 256).repeat(2, 1))
     layer.scale.fill_(1.0)
     x = torch.eye(256)[: GEMV_MAX_ROWS + 4]  # dequantise path; row i picks column i
-    with _emulated("float32"):
+    with _emulated('float32'):
         got = layer(x)
         want = codes[: GEMV_MAX_ROWS + 4].view(torch.float8_e4m3fn).float()
         assert torch.equal(got[:, 0], want)
@@ -106,25 +106,25 @@ def test_unsupported_shape_takes_torch_path():
     x = torch.randn(1, 200, generator=gen)
     want = layer(x)
     def fail(*args):
-        pytest.fail("kernel launched for an unsupported shape")
+        pytest.fail('kernel launched for an unsupported shape')
 
-    with _emulated("float32", fail):
+    with _emulated('float32', fail):
         assert torch.equal(layer(x), want)
 
 
 def test_emulator_checks_argument_types():
     """The wrapper passes C-typed scalars; a wrong type would fail here, not silently."""
-    launch = kernel_emulator.emulated_launch("float32", 128)
+    launch = kernel_emulator.emulated_launch('float32', 128)
     layer, _ = _layer(Int8Linear, 64, 8, 64)
     out = torch.empty(1, 8)
     x = torch.zeros(1, 64)
-    with pytest.raises(TypeError, match="int32"):
-        launch("quant_gemv_int8", (2, 1), (128,),
+    with pytest.raises(TypeError, match='int32'):
+        launch('quant_gemv_int8', (2, 1), (128,),
                (out.data_ptr(), x.data_ptr(), layer.qweight.data_ptr(), layer.scale.data_ptr(),
                 0, 0, 8, 64, 1, 64, 64, 8))
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4_asym", "fp8"])
+@pytest.mark.parametrize('quantization', ['int8', 'int4_asym', 'fp8'])
 def test_fused_step_with_quantized_projections(tiny_ckpt, quantization, monkeypatch):
     """The tiny model's merged quantized layers inside the fused step, every kernel emulated.
 
@@ -140,25 +140,25 @@ def test_fused_step_with_quantized_projections(tiny_ckpt, quantization, monkeypa
 
     # The emulated kernels read the layers' canonical codes, which a CPU load would move to
     # the CPU layout (quantization/cpu_layout.py) as each layer completes: keep them.
-    monkeypatch.setattr(QuantLinear, "use_cpu_layout", lambda self: None)
+    monkeypatch.setattr(QuantLinear, 'use_cpu_layout', lambda self: None)
     model = load_model(tiny_ckpt, dtype=torch.float32, quantization=quantization).eval()
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert layers and all(m.kernel_supported() for m in layers)
     tc = model.config.text
-    cpu = torch.device("cpu")
+    cpu = torch.device('cpu')
     num_blocks, block_size, max_len = 16, 16, 128
     ref = ModelRunner(model, num_blocks, block_size, max_len, cpu, torch.float32)
     launch = kernel_emulator.CountingLaunch(
-        kernel_emulator.emulated_launch("float32", tc.head_dim))
+        kernel_emulator.emulated_launch('float32', tc.head_dim))
     runner, ops = kernel_emulator.fused_runner(model, num_blocks, block_size, max_len, launch)
     # 20 prompt tokens and 14 decode steps (contexts 21..34) cross the block boundary at 32.
     steps = kernel_emulator.fused_and_torch_steps(ref, runner, ops, launch, list(range(3, 23)),
                                                   [5, 2, 9, 0], 14)
     want, got = next(steps)
-    assert launch.counts[f"quant_dequant_{layers[0].format}"] == len(layers)
+    assert launch.counts[f'quant_dequant_{layers[0].format}'] == len(layers)
     assert (want - got).abs().max().item() <= 1e-4 * want.abs().max().item()
     for step, (want, got) in enumerate(steps):
         err = (want - got).abs().max().item()
-        assert err <= 1e-4 * want.abs().max().item(), f"step {step}: logits differ by {err}"
-        assert launch.counts[f"quant_gemv_{layers[0].format}"] == 4 * tc.num_hidden_layers
-        assert launch.counts["paged_decode_split"] == tc.num_hidden_layers
+        assert err <= 1e-4 * want.abs().max().item(), f'step {step}: logits differ by {err}'
+        assert launch.counts[f'quant_gemv_{layers[0].format}'] == 4 * tc.num_hidden_layers
+        assert launch.counts['paged_decode_split'] == tc.num_hidden_layers

@@ -28,10 +28,10 @@ from orin_llm_node.kernels.cuda_ops import (  # noqa: E402
 )
 from orin_llm_node.quantization import Fp8Linear, Int4Linear, Int8Linear  # noqa: E402
 
-DEV = torch.device("cuda")
-_RTOL = {"float32": 1e-5, "bfloat16": 8e-3, "float16": 1e-3}
-LAYERS = {"int8": (Int8Linear, False), "int4": (Int4Linear, False),
-          "int4_asym": (Int4Linear, True), "fp8": (Fp8Linear, False)}
+DEV = torch.device('cuda')
+_RTOL = {'float32': 1e-5, 'bfloat16': 8e-3, 'float16': 1e-3}
+LAYERS = {'int8': (Int8Linear, False), 'int4': (Int4Linear, False),
+          'int4_asym': (Int4Linear, True), 'fp8': (Fp8Linear, False)}
 SHAPES = [(2048, 6144), (6144, 2048), (4096, 1024), (12288, 4096)]  # (in, out)
 
 
@@ -67,9 +67,9 @@ def _layer(fmt, k, n):
     return layer, gen
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("k,n", SHAPES)
-@pytest.mark.parametrize("fmt", list(LAYERS))
+@pytest.mark.parametrize('dtype', list(DTYPES))
+@pytest.mark.parametrize('k,n', SHAPES)
+@pytest.mark.parametrize('fmt', list(LAYERS))
 def test_gemv_and_prefill(fmt, k, n, dtype, launches):
     layer, gen = _layer(fmt, k, n)
     for rows in (1, GEMV_MAX_ROWS, 37):
@@ -86,12 +86,12 @@ def test_gemv_and_prefill(fmt, k, n, dtype, launches):
             assert torch.equal(got, torch.nn.functional.linear(x, layer.dequantize(x.dtype)))
 
 
-@pytest.mark.parametrize("fmt", list(LAYERS))
+@pytest.mark.parametrize('fmt', list(LAYERS))
 def test_gemv_replays_in_a_cuda_graph(fmt, launches):
     layer, gen = _layer(fmt, 2048, 2048)
     x = torch.randn(1, 2048, device=DEV, generator=gen, dtype=torch.bfloat16)
     layer(x)  # compile and load outside the capture
-    assert launches["bfloat16"].total == 1
+    assert launches['bfloat16'].total == 1
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -103,18 +103,18 @@ def test_gemv_replays_in_a_cuda_graph(fmt, launches):
         assert torch.equal(out, layer(x))
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int4", "fp8"])
+@pytest.mark.parametrize('quantization', ['int8', 'int4', 'fp8'])
 def test_engine_graph_equals_eager(tiny_ckpt, quantization):
     from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams
 
     tokens = {}
     for graph in (True, False):
-        eng = LLMEngine(EngineConfig(model_path=tiny_ckpt, device="cuda", dtype="bfloat16",
+        eng = LLMEngine(EngineConfig(model_path=tiny_ckpt, device='cuda', dtype='bfloat16',
                                      quantization=quantization, enable_cuda_graph=graph,
                                      block_order_seed=5))
         if not graph:  # the same prefill row counts as the graph engine
             eager_like(eng)
-        res = eng.chat(eng.new_conversation(), "Describe the scene in detail.",
+        res = eng.chat(eng.new_conversation(), 'Describe the scene in detail.',
                        sampling=SamplingParams(max_tokens=60, ignore_eos=True))
         tokens[graph] = res.token_ids
         assert eng.uses_cuda_graph == graph

@@ -16,16 +16,16 @@ from orin_llm_node.processing import (
     user_message,
 )
 
-SYSTEM = {"role": "system", "content": "You are a helpful robot."}
+SYSTEM = {'role': 'system', 'content': 'You are a helpful robot.'}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def ref_model(tiny_ckpt):
     model = Qwen3VLForConditionalGeneration.from_pretrained(tiny_ckpt, dtype=torch.float32)
     return model.eval()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope='module')
 def pipeline(tiny_ckpt):
     return (ChatTemplate.from_pretrained(tiny_ckpt), Tokenizer.from_pretrained(tiny_ckpt),
             ImageProcessor.from_pretrained(tiny_ckpt))
@@ -61,16 +61,16 @@ def image_spans(ids, pad):
 
 
 CASES = {
-    "text_only": ([SYSTEM, user_message("What is in front of you?")], []),
-    "one_image": ([SYSTEM, user_message("What is in front of you?", 1)], [(96, 160)]),
-    "two_images": ([SYSTEM, user_message("Compare the two pictures.", 2)],
+    'text_only': ([SYSTEM, user_message('What is in front of you?')], []),
+    'one_image': ([SYSTEM, user_message('What is in front of you?', 1)], [(96, 160)]),
+    'two_images': ([SYSTEM, user_message('Compare the two pictures.', 2)],
                    [(224, 128), (97, 203)]),
-    "tall_and_wide": ([user_message("Which is taller?", 3)], [(640, 480), (64, 64),
+    'tall_and_wide': ([user_message('Which is taller?', 3)], [(640, 480), (64, 64),
                                                               (1280, 720)]),
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize('name', list(CASES))
 def test_positions_equal_get_rope_index(ref_model, pipeline, name):
     tok = pipeline[1]
     messages, sizes = CASES[name]
@@ -87,11 +87,11 @@ def test_positions_equal_get_rope_index(ref_model, pipeline, name):
 
 def test_two_turns_incremental_equals_whole(ref_model, pipeline):
     template, tok, _ = pipeline
-    turn1 = [SYSTEM, user_message("What is in front of you?", 1)]
+    turn1 = [SYSTEM, user_message('What is in front of you?', 1)]
     sizes1 = [(224, 128)]
-    answer = "A red circle on a grey floor."
-    turn2 = [*turn1, {"role": "assistant", "content": answer},
-             user_message("And now? How many shapes are there?", 2)]
+    answer = 'A red circle on a grey floor.'
+    turn2 = [*turn1, {'role': 'assistant', 'content': answer},
+             user_message('And now? How many shapes are there?', 2)]
     sizes2 = sizes1 + [(640, 480), (96, 160)]
 
     ids1, grids1 = prompt(pipeline, turn1, sizes1)
@@ -117,7 +117,7 @@ def test_two_turns_incremental_equals_whole(ref_model, pipeline):
 
 def test_any_split_outside_images_is_incremental(pipeline):
     tok = pipeline[1]
-    ids, grids = prompt(pipeline, *CASES["two_images"])
+    ids, grids = prompt(pipeline, *CASES['two_images'])
     whole, whole_next = rope_positions(ids, grids, tok.image_pad_id, 2)
     spans = image_spans(ids, tok.image_pad_id)
     assert len(spans) == 2
@@ -134,7 +134,7 @@ def test_any_split_outside_images_is_incremental(pipeline):
 def test_decode_positions_equal_reference_cache_path(ref_model, pipeline):
     """Decode step as transformers does it: arange(past_len, ...) + rope_deltas, all axes."""
     tok = pipeline[1]
-    ids, grids = prompt(pipeline, *CASES["two_images"])
+    ids, grids = prompt(pipeline, *CASES['two_images'])
     pos, next_start = rope_positions(ids, grids, tok.image_pad_id, 2)
     inner = ref_model.model
     _, deltas = reference(ref_model, tok, ids, grids)
@@ -158,13 +158,13 @@ def test_decode_positions_equal_reference_cache_path(ref_model, pipeline):
 
 def test_mismatched_pads_raise():
     pad = 5
-    with pytest.raises(ValueError, match="needs 4 pad tokens"):
+    with pytest.raises(ValueError, match='needs 4 pad tokens'):
         rope_positions([1, pad, pad, 2], [(1, 4, 4)], pad, 2)
-    with pytest.raises(ValueError, match="more image pad tokens"):
+    with pytest.raises(ValueError, match='more image pad tokens'):
         rope_positions([1, pad, 2], [], pad, 2)
-    with pytest.raises(ValueError, match="cover only 1"):
+    with pytest.raises(ValueError, match='cover only 1'):
         rope_positions([1, pad, 2], [(1, 2, 2), (1, 2, 2)], pad, 2)
-    with pytest.raises(ValueError, match="not divisible"):
+    with pytest.raises(ValueError, match='not divisible'):
         rope_positions([pad] * 3, [(1, 2, 3)], pad, 2)
 
 

@@ -27,13 +27,13 @@ from orin_llm_node.attention.torch_backend import TorchPagedAttention
 from orin_llm_node.kernels import kernel_sources as ks
 
 pytestmark = pytest.mark.skipif(
-    not kernel_emulator.compiler_available(), reason="g++ is needed to build the emulator"
+    not kernel_emulator.compiler_available(), reason='g++ is needed to build the emulator'
 )
 
-TC_DTYPES = ("float16", "bfloat16")
+TC_DTYPES = ('float16', 'bfloat16')
 #: Max |error| against float64: the output's own rounding plus P rounded to the element type
 #: before P.V (as flash attention does), far above the fp32 summation differences.
-TC_ATOL = {"float16": 2e-3, "bfloat16": 1.6e-2}
+TC_ATOL = {'float16': 2e-3, 'bfloat16': 1.6e-2}
 
 
 def _bits(x: torch.Tensor) -> np.ndarray:
@@ -66,7 +66,7 @@ def _fragments(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor):
     return fa, fb, fc
 
 
-@pytest.mark.parametrize("dtype", TC_DTYPES)
+@pytest.mark.parametrize('dtype', TC_DTYPES)
 def test_emulated_mma_follows_the_ptx_fragment_layout(dtype):
     gen = torch.Generator().manual_seed(3)
     a, b = (torch.randn(*shape, generator=gen).to(DTYPES[dtype]) for shape in ((16, 16), (16, 8)))
@@ -100,10 +100,10 @@ def _reference(kv_layer, q, table, num_prefix, num_new):
     slots = table[t // 16] * 16 + t % 16
     k = kv_layer[0].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, dim=1)
     v = kv_layer[1].reshape(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, dim=1)
-    s = torch.einsum("nhd,thd->nht", q[:num_new].double(), k) * d ** -0.5
+    s = torch.einsum('nhd,thd->nht', q[:num_new].double(), k) * d ** -0.5
     visible = t[None, :] <= num_prefix + torch.arange(num_new)[:, None]
-    s = s.masked_fill(~visible[:, None, :], float("-inf"))
-    return torch.einsum("nht,thd->nhd", s.softmax(-1), v)
+    s = s.masked_fill(~visible[:, None, :], float('-inf'))
+    return torch.einsum('nht,thd->nhd', s.softmax(-1), v)
 
 
 def _prefill(attn, gen, num_prefix, num_new, pad, layer=1):
@@ -128,16 +128,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", TC_DTYPES)
-@pytest.mark.parametrize("head_dim,hq,hkv,num_prefix,num_new,pad", CASES)
+@pytest.mark.parametrize('dtype', TC_DTYPES)
+@pytest.mark.parametrize('head_dim,hq,hkv,num_prefix,num_new,pad', CASES)
 def test_tensor_core_prefill_matches_reference(dtype, head_dim, hq, hkv, num_prefix, num_new,
                                                 pad):
     attn, gen = _backend(dtype, head_dim, hq, hkv)
     out, q, table = _prefill(attn, gen, num_prefix, num_new, pad)
     ref = _reference(attn.kv_cache[1], q, table, num_prefix, num_new)
     err = (out[:num_new].double() - ref).abs().max().item()
-    assert err <= TC_ATOL[dtype], f"max |err| {err}"
-    assert not out[num_new:].any(), "padding rows must come out as zeros"
+    assert err <= TC_ATOL[dtype], f'max |err| {err}'
+    assert not out[num_new:].any(), 'padding rows must come out as zeros'
 
 
 def _expected_mma_ops(head_dim, hkv, group, num_prefix, num_new, padded_rows):
@@ -155,7 +155,7 @@ def _expected_mma_ops(head_dim, hkv, group, num_prefix, num_new, padded_rows):
     return hkv * ops
 
 
-@pytest.mark.parametrize("dtype", TC_DTYPES)
+@pytest.mark.parametrize('dtype', TC_DTYPES)
 def test_fp16_bf16_prefill_runs_on_tensor_cores(dtype):
     """Every score and every P.V product goes through mma.
 
@@ -170,7 +170,7 @@ def test_fp16_bf16_prefill_runs_on_tensor_cores(dtype):
     assert ops == _expected_mma_ops(64, 2, 4, num_prefix, num_new, num_new + pad)
 
 
-@pytest.mark.parametrize("dtype", TC_DTYPES)
+@pytest.mark.parametrize('dtype', TC_DTYPES)
 def test_tensor_core_prefill_equals_torch_backend(dtype):
     """The kernel path and the torch backend (gather + SDPA) agree over a chain of prefills."""
     attn, gen = _backend(dtype, 64, 8, 2, num_blocks=24)
@@ -193,35 +193,35 @@ def test_tensor_core_prefill_equals_torch_backend(dtype):
 
 # Each mutation loads one operand in a layout the PTX ISA does not have (swapped registers).
 MUTATIONS = {
-    "Q rows/columns": ("const int h = i % 2, col = 16 * kk + 2 * t + 8 * (i / 2);",
-                       "const int h = i / 2, col = 16 * kk + 2 * t + 8 * (i % 2);"),
-    "K halves": ("const unsigned int b[2] = {ld_pair(kp), ld_pair(kp + 8)};",
-                 "const unsigned int b[2] = {ld_pair(kp + 8), ld_pair(kp)};"),
-    "P registers": ("pack2(s[2 * kk][2], s[2 * kk][3]),\n" + " " * 35
-                    + "pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),",
-                    "pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),\n" + " " * 35
-                    + "pack2(s[2 * kk][2], s[2 * kk][3]),"),
-    "O rows": ("pack2(o[n][2 * h] / sum, o[n][2 * h + 1] / sum)",
-               "pack2(o[n][h] / sum, o[n][h + 2] / sum)"),
+    'Q rows/columns': ('const int h = i % 2, col = 16 * kk + 2 * t + 8 * (i / 2);',
+                       'const int h = i / 2, col = 16 * kk + 2 * t + 8 * (i % 2);'),
+    'K halves': ('const unsigned int b[2] = {ld_pair(kp), ld_pair(kp + 8)};',
+                 'const unsigned int b[2] = {ld_pair(kp + 8), ld_pair(kp)};'),
+    'P registers': ('pack2(s[2 * kk][2], s[2 * kk][3]),\n' + ' ' * 35
+                    + 'pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),',
+                    'pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),\n' + ' ' * 35
+                    + 'pack2(s[2 * kk][2], s[2 * kk][3]),'),
+    'O rows': ('pack2(o[n][2 * h] / sum, o[n][2 * h + 1] / sum)',
+               'pack2(o[n][h] / sum, o[n][h + 2] / sum)'),
 }
 
 
-@pytest.mark.parametrize("mutation", MUTATIONS)
+@pytest.mark.parametrize('mutation', MUTATIONS)
 def test_a_wrong_fragment_layout_fails(tmp_path, mutation):
     old, new = MUTATIONS[mutation]
     shutil.copytree(ks.kernels_dir(), tmp_path, dirs_exist_ok=True)
-    source = tmp_path / "paged_prefill.cu"
+    source = tmp_path / 'paged_prefill.cu'
     text = source.read_text()
-    assert text.count(old) == 1, f"mutation {mutation!r} no longer matches the kernel"
+    assert text.count(old) == 1, f'mutation {mutation!r} no longer matches the kernel'
     source.write_text(text.replace(old, new))
-    attn, gen = _backend("bfloat16", 32, 8, 2, directory=tmp_path)
+    attn, gen = _backend('bfloat16', 32, 8, 2, directory=tmp_path)
     out, q, table = _prefill(attn, gen, 21, 40, 0)
     err = (out.double() - _reference(attn.kv_cache[1], q, table, 21, 40)).abs().max().item()
-    assert err > 10 * TC_ATOL["bfloat16"], f"{mutation}: max |err| {err} went unnoticed"
+    assert err > 10 * TC_ATOL['bfloat16'], f'{mutation}: max |err| {err} went unnoticed'
 
 
-@pytest.mark.parametrize("dtype,rows_per_cta", [("float32", ks.PREFILL_ROWS),
-                                                ("bfloat16", ks.PREFILL_TC_ROWS)])
+@pytest.mark.parametrize('dtype,rows_per_cta', [('float32', ks.PREFILL_ROWS),
+                                                ('bfloat16', ks.PREFILL_TC_ROWS)])
 def test_row_tiles_are_on_grid_x(dtype, rows_per_cta):
     """Row tiles on x, KV heads on y, every launch within CUDA's grid limits.
 
@@ -243,13 +243,13 @@ def test_row_tiles_are_on_grid_x(dtype, rows_per_cta):
     q = torch.zeros(1, hq, d, dtype=kv.dtype).expand(n, hq, d)  # no memory behind the rows
     kv_rows = torch.zeros(1, hkv, d, dtype=kv.dtype).expand(n, hkv, d)
     attn.attend(0, q, kv_rows, kv_rows)
-    (grid,) = [g for name, g in grids if name == "paged_prefill"]
+    (grid,) = [g for name, g in grids if name == 'paged_prefill']
     assert grid == (-(-n * hq // rows_per_cta), hkv)
-    if dtype == "float32":
-        assert grid[0] > kernel_emulator.GRID_LIMITS[1], "the case must overflow gridDim.y"
+    if dtype == 'float32':
+        assert grid[0] > kernel_emulator.GRID_LIMITS[1], 'the case must overflow gridDim.y'
 
 
 def test_emulator_refuses_grids_over_cuda_limits():
-    launch = kernel_emulator.emulated_launch("float32", 32)
-    with pytest.raises(ValueError, match="gridDim.y"):
-        launch("kv_write", (1, 65536), (128,), ())
+    launch = kernel_emulator.emulated_launch('float32', 32)
+    with pytest.raises(ValueError, match='gridDim.y'):
+        launch('kv_write', (1, 65536), (128,), ())

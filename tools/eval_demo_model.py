@@ -92,7 +92,7 @@ def main(argv=None):
     ap.add_argument('--max-tokens', type=int, default=8)
     ap.add_argument('--json', type=Path, help='write the summary here')
     ap.add_argument('--quantization', default='none',
-                    help="EngineConfig.quantization of our engine (the reference stays fp32)")
+                    help='EngineConfig.quantization of our engine (the reference stays fp32)')
     args = ap.parse_args(argv)
 
     from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams

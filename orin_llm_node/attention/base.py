@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from orin_llm_node.layers.layernorm import rms_norm
 from orin_llm_node.layers.rotary_embedding import apply_rope
 
-__all__ = ["SDPA_ENABLE_GQA", "AttentionBackend", "causal_attention", "gather_kv",
-           "sdpa_takes_enable_gqa"]
+__all__ = ['SDPA_ENABLE_GQA', 'AttentionBackend', 'causal_attention', 'gather_kv',
+           'sdpa_takes_enable_gqa']
 
 
 def sdpa_takes_enable_gqa() -> bool:
@@ -54,7 +54,7 @@ class AttentionBackend(Protocol):
     """
 
     graph_safe: bool = False
-    name: str = "torch"
+    name: str = 'torch'
 
     def prepare(self, slot_mapping: torch.Tensor, block_table: torch.Tensor, num_prefix: int,
                 num_new: int) -> None:
@@ -139,13 +139,13 @@ def causal_attention(
     """
     n, num_keys = q.shape[0], k.shape[0]
     if num_keys != num_prefix + n:
-        raise ValueError(f"expected {num_prefix + n} keys, got {num_keys}")
+        raise ValueError(f'expected {num_prefix + n} keys, got {num_keys}')
     # [1, H, L, D]: the 4-D layout picks the same CPU/GPU SDPA kernels as the reference.
     qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))
     extra = {}
     if q.shape[1] != k.shape[1]:
         if SDPA_ENABLE_GQA:
-            extra["enable_gqa"] = True
+            extra['enable_gqa'] = True
         else:
             # torch < 2.5 (JetPack 6.0): each KV head repeated for its group of query heads,
             # which is what enable_gqa does inside SDPA (the same outputs, bit for bit).

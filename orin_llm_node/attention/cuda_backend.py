@@ -36,7 +36,7 @@ from orin_llm_node.kernels.cuda_ops import TORCH_DTYPES, kernel_launcher
 
 from .base import AttentionBackend
 
-__all__ = ["CudaPagedAttention"]
+__all__ = ['CudaPagedAttention']
 
 _LOG2E = 1.4426950408889634
 #: SM count assumed when the KV tensor is not on a GPU (emulated kernels in tests).
@@ -64,27 +64,27 @@ class CudaPagedAttention(AttentionBackend):
     """
 
     graph_safe = True
-    name = "cuda"
+    name = 'cuda'
 
     def __init__(self, kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int,
                  launch=None, num_sms: int | None = None):
         if kv_cache.dim() != 6 or kv_cache.shape[1] != 2:
             raise ValueError(
-                f"kv_cache must be [layers, 2, blocks, block_size, Hkv, D], got {kv_cache.shape}"
+                f'kv_cache must be [layers, 2, blocks, block_size, Hkv, D], got {kv_cache.shape}'
             )
-        if launch is None and kv_cache.device.type != "cuda":
-            raise ValueError(f"kv_cache must be on a CUDA device, got {kv_cache.device}")
+        if launch is None and kv_cache.device.type != 'cuda':
+            raise ValueError(f'kv_cache must be on a CUDA device, got {kv_cache.device}')
         if not kv_cache.is_contiguous():
-            raise ValueError("kv_cache must be contiguous")
+            raise ValueError('kv_cache must be contiguous')
         if kv_cache.dtype not in TORCH_DTYPES:
-            raise ValueError(f"CUDA kernels support {list(TORCH_DTYPES)}, got {kv_cache.dtype}")
+            raise ValueError(f'CUDA kernels support {list(TORCH_DTYPES)}, got {kv_cache.dtype}')
         num_layers, _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
         if head_dim not in ks.HEAD_DIMS:
-            raise ValueError(f"CUDA kernels support head_dim in {ks.HEAD_DIMS}, got {head_dim}")
+            raise ValueError(f'CUDA kernels support head_dim in {ks.HEAD_DIMS}, got {head_dim}')
         if num_q_heads <= 0 or num_q_heads % num_kv_heads:
-            raise ValueError(f"num_q_heads {num_q_heads} must be a multiple of Hkv {num_kv_heads}")
+            raise ValueError(f'num_q_heads {num_q_heads} must be a multiple of Hkv {num_kv_heads}')
         if num_blocks * block_size >= 2**31:
-            raise ValueError("the kernels index KV slots with int32: too many blocks")
+            raise ValueError('the kernels index KV slots with int32: too many blocks')
         self.kv_cache = kv_cache
         self.device = kv_cache.device
         self.dtype = kv_cache.dtype
@@ -97,7 +97,7 @@ class CudaPagedAttention(AttentionBackend):
         self._chunks = math.ceil(self.group_size / ks.MAX_GROUP)
         if num_sms is None:
             num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                       if self.device.type == "cuda" else _EMULATED_SMS)
+                       if self.device.type == 'cuda' else _EMULATED_SMS)
         # About two CTAs per SM at long contexts; never more splits than SPLIT_MIN_TOKENS-token
         # ranges fit in max_model_len.
         ctas_per_split = num_kv_heads * self._chunks
@@ -140,7 +140,7 @@ class CudaPagedAttention(AttentionBackend):
         """
         self._launch = self._custom_launch or kernel_launcher(self.dtype, self.head_dim,
                                                                self.device)
-        i64 = {"dtype": torch.long, "device": self.device}
+        i64 = {'dtype': torch.long, 'device': self.device}
         self.prepare(torch.full((1,), -1, **i64), torch.zeros(1, **i64), 0, 1)
         self._context_buf.zero_()  # an empty context: the decode splits all exit at once
         d = self.head_dim
@@ -154,7 +154,7 @@ class CudaPagedAttention(AttentionBackend):
         self.prepare(torch.full((2,), -1, **i64), torch.zeros(1, **i64), 0, 1)
         rows = torch.zeros(2, self.num_q_heads, d, dtype=self.dtype, device=self.device)
         self._paged_prefill(rows, *self._kv_ptrs[0])
-        if self.device.type == "cuda":
+        if self.device.type == 'cuda':
             torch.cuda.synchronize(self.device)
         self._reset_metadata()
 
@@ -191,9 +191,9 @@ class CudaPagedAttention(AttentionBackend):
         context = num_prefix + num_new
         num_blocks = -(-context // self.block_size)
         if block_table.numel() < num_blocks:
-            raise ValueError(f"block_table has {block_table.numel()} ids, need {num_blocks}")
+            raise ValueError(f'block_table has {block_table.numel()} ids, need {num_blocks}')
         if not 0 < num_new <= slot_mapping.numel():
-            raise ValueError(f"{num_new} new tokens for {slot_mapping.numel()} slots")
+            raise ValueError(f'{num_new} new tokens for {slot_mapping.numel()} slots')
         self._slots = slot_mapping.to(device=self.device, dtype=torch.long)
         self._block_table = block_table.to(device=self.device, dtype=torch.long)
         self._decode = self._slots.numel() == 1
@@ -215,10 +215,10 @@ class CudaPagedAttention(AttentionBackend):
         v = self._rows(v, self.num_kv_heads)
         n = k.shape[0]
         if v.shape[0] != n or self._slots.shape[0] != n:
-            raise ValueError(f"{n} keys, {v.shape[0]} values, {self._slots.shape[0]} slots")
+            raise ValueError(f'{n} keys, {v.shape[0]} values, {self._slots.shape[0]} slots')
         if n:
             self._launch(
-                "kv_write", (n,), (ks.NUM_THREADS,),
+                'kv_write', (n,), (ks.NUM_THREADS,),
                 (k_ptr, v_ptr, k.data_ptr(), v.data_ptr(), self._slots.data_ptr(),
                  np.int32(self.num_kv_heads), np.int64(k.stride(0)), np.int64(v.stride(0))),
             )
@@ -229,14 +229,14 @@ class CudaPagedAttention(AttentionBackend):
         """q/k-norm + RoPE + KV write in one kernel, then attend (see ``AttentionBackend``)."""
         self._check_ready()
         if q_norm.eps != k_norm.eps:
-            raise ValueError("q_norm and k_norm must share eps (one kernel argument)")
+            raise ValueError('q_norm and k_norm must share eps (one kernel argument)')
         q = self._fused_qkv(layer_idx, q, k, v, q_norm.weight, k_norm.weight, q_norm.eps, cos,
                             sin)
         return self._attend_cached(layer_idx, q)
 
     def _check_ready(self) -> None:
         if self._launch is None:
-            raise RuntimeError("call CudaPagedAttention.warmup() first (outside graph capture)")
+            raise RuntimeError('call CudaPagedAttention.warmup() first (outside graph capture)')
 
     def _fused_qkv(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
@@ -246,20 +246,20 @@ class CudaPagedAttention(AttentionBackend):
         v = self._rows(v, self.num_kv_heads)
         n = q.shape[0]
         if k.shape[0] != n or v.shape[0] != n or self._slots.shape[0] != n:
-            raise ValueError(f"{n} queries, {k.shape[0]} keys, {v.shape[0]} values, "
-                             f"{self._slots.shape[0]} slots")
+            raise ValueError(f'{n} queries, {k.shape[0]} keys, {v.shape[0]} values, '
+                             f'{self._slots.shape[0]} slots')
         # The kernel reads these with 16-byte loads: dense rows at aligned addresses (a slice
         # of a cos/sin table may start anywhere).
         tables = [t.to(self.dtype).contiguous() for t in (q_weight, k_weight, cos, sin)]
         tables = [t if t.data_ptr() % 16 == 0 else t.clone() for t in tables]
         if tables[2].shape != (n, self.head_dim) or tables[3].shape != (n, self.head_dim):
-            raise ValueError(f"cos/sin must be [{n}, {self.head_dim}]")
+            raise ValueError(f'cos/sin must be [{n}, {self.head_dim}]')
         q_out = torch.empty(n, self.num_q_heads, self.head_dim, dtype=self.dtype,
                             device=self.device)
         k_ptr, v_ptr = self._kv_ptrs[layer_idx]
         if n:
             self._launch(
-                "qk_norm_rope_kv_write", (n,), (ks.NUM_THREADS,),
+                'qk_norm_rope_kv_write', (n,), (ks.NUM_THREADS,),
                 (q_out.data_ptr(), k_ptr, v_ptr, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                  *(t.data_ptr() for t in tables), self._slots.data_ptr(),
                  np.int32(self.num_q_heads), np.int32(self.num_kv_heads),
@@ -277,9 +277,9 @@ class CudaPagedAttention(AttentionBackend):
     def _rows(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         """``x`` as [N, heads, D] in the cache dtype with 16-byte aligned, dense head vectors."""
         if x.dim() != 3 or x.shape[1] != heads or x.shape[2] != self.head_dim:
-            raise ValueError(f"expected [N, {heads}, {self.head_dim}], got {tuple(x.shape)}")
+            raise ValueError(f'expected [N, {heads}, {self.head_dim}], got {tuple(x.shape)}')
         if x.device != self.device:
-            raise ValueError(f"tensor on {x.device}, KV cache on {self.device}")
+            raise ValueError(f'tensor on {x.device}, KV cache on {self.device}')
         x = x.to(self.dtype)
         if (
             x.stride(2) != 1
@@ -294,11 +294,11 @@ class CudaPagedAttention(AttentionBackend):
         q_dtype = q.dtype
         q = self._rows(q, self.num_q_heads)
         if q.shape[0] != 1:
-            raise ValueError(f"decode takes one query row, got {q.shape[0]}")
+            raise ValueError(f'decode takes one query row, got {q.shape[0]}')
         out = torch.empty(1, self.num_q_heads, self.head_dim, dtype=self.dtype,
                           device=self.device)
         self._launch(
-            "paged_decode_split", (self.num_kv_heads * self._chunks, self.num_splits),
+            'paged_decode_split', (self.num_kv_heads * self._chunks, self.num_splits),
             (ks.NUM_THREADS,),
             (self._part_acc.data_ptr(), self._part_ml.data_ptr(), q.data_ptr(), k_ptr, v_ptr,
              self._block_table.data_ptr(), self._context_buf.data_ptr(),
@@ -306,7 +306,7 @@ class CudaPagedAttention(AttentionBackend):
              self._scale_log2),
         )
         self._launch(
-            "paged_decode_reduce", (self.num_q_heads,), (self.head_dim,),
+            'paged_decode_reduce', (self.num_q_heads,), (self.head_dim,),
             (out.data_ptr(), self._part_acc.data_ptr(), self._part_ml.data_ptr(),
              self._context_buf.data_ptr(), np.int32(self.num_splits)),
         )
@@ -317,16 +317,16 @@ class CudaPagedAttention(AttentionBackend):
         q = self._rows(q, self.num_q_heads)
         n = q.shape[0]
         if n != self._slots.shape[0]:
-            raise ValueError(f"{n} query rows for {self._slots.shape[0]} slots")
+            raise ValueError(f'{n} query rows for {self._slots.shape[0]} slots')
         rows = n * self.group_size
         if rows + self._prefill_rows >= 2**31:
-            raise ValueError(f"{n} query tokens x {self.group_size} heads per KV head: the "
-                             "prefill kernel indexes query rows with int32")
+            raise ValueError(f'{n} query tokens x {self.group_size} heads per KV head: the '
+                             'prefill kernel indexes query rows with int32')
         out = torch.empty(n, self.num_q_heads, self.head_dim, dtype=self.dtype,
                           device=self.device)
         tiles = -(-rows // self._prefill_rows)
         self._launch(
-            "paged_prefill", (tiles, self.num_kv_heads), (ks.NUM_THREADS,),
+            'paged_prefill', (tiles, self.num_kv_heads), (ks.NUM_THREADS,),
             (out.data_ptr(), q.data_ptr(), k_ptr, v_ptr, self._block_table.data_ptr(),
              self._seq_info.data_ptr(), np.int32(n), np.int32(self.num_kv_heads),
              np.int32(self.group_size), np.int32(self.block_size), np.int64(q.stride(0)),

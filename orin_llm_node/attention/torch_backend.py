@@ -11,7 +11,7 @@ import torch
 
 from .base import AttentionBackend, causal_attention, gather_kv
 
-__all__ = ["TorchPagedAttention"]
+__all__ = ['TorchPagedAttention']
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -25,7 +25,7 @@ class TorchPagedAttention(AttentionBackend):
     def __init__(self, kv_cache: torch.Tensor):
         if kv_cache.dim() != 6 or kv_cache.shape[1] != 2:
             raise ValueError(
-                f"kv_cache must be [layers, 2, blocks, block_size, Hkv, D], got {kv_cache.shape}"
+                f'kv_cache must be [layers, 2, blocks, block_size, Hkv, D], got {kv_cache.shape}'
             )
         self.kv_cache = kv_cache
         self.block_size = kv_cache.shape[3]

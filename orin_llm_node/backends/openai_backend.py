@@ -346,7 +346,7 @@ class OpenAIBackend:
             try:
                 parsed = parse_answer(fmt, text) if valid else None
             except ValueError as exc:
-                turn.fail(f'the server\'s answer is not valid JSON: {one_line(exc, 120)}')
+                turn.fail(f"the server's answer is not valid JSON: {one_line(exc, 120)}")
                 valid = False
         usage = turn.usage or {}
         details = usage.get('prompt_tokens_details') or {}

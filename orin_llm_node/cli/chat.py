@@ -71,7 +71,7 @@ def main(args=None):
                         help='namespace of the node (default: /orin_llm, as the launch file)')
     parser.add_argument('--image-topic', default=None,
                         help='CompressedImage topic the node reads (default: '
-                             '<namespace>/image/compressed; with the launch file\'s '
+                             "<namespace>/image/compressed; with the launch file's "
                              'image_topic:=T, T/compressed)')
     parser.add_argument('--video', metavar='DIR_OR_FILES',
                         help='send a clip: a directory of frames (name order) or '
@@ -250,7 +250,7 @@ def _image_taken(client, msg, topic):
     """Send an image; False (said on stderr) when nothing subscribes to ``topic``."""
     if client.send_image(msg, topic) != 'unmatched':
         return True
-    print(f'orin_llm_chat: nothing subscribes to {topic}: is the node\'s image topic '
+    print(f"orin_llm_chat: nothing subscribes to {topic}: is the node's image topic "
           'remapped? Pass --image-topic.', file=sys.stderr)
     return False
 

@@ -11,14 +11,14 @@ from orin_llm_node.engine.llm_engine import EngineStats, LLMEngine
 from orin_llm_node.engine.turn import ChatResult, StreamEvent
 
 __all__ = [
-    "BlockPool",
-    "ChatResult",
-    "Conversation",
-    "EngineConfig",
-    "EngineStats",
-    "FinishReason",
-    "LLMEngine",
-    "PoolStats",
-    "SamplingParams",
-    "StreamEvent",
+    'BlockPool',
+    'ChatResult',
+    'Conversation',
+    'EngineConfig',
+    'EngineStats',
+    'FinishReason',
+    'LLMEngine',
+    'PoolStats',
+    'SamplingParams',
+    'StreamEvent',
 ]

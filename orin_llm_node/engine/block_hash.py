@@ -22,11 +22,11 @@ def block_hash(parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple
     the image's first token relative to the block's first token).
     """
     h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"\0" * 16)
+    h.update(parent or b'\0' * 16)
     h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     for key, offset in extra_keys:
         h.update(key)
-        h.update(int(offset).to_bytes(8, "little", signed=True))
+        h.update(int(offset).to_bytes(8, 'little', signed=True))
     return h.digest()
 
 

@@ -25,7 +25,7 @@ class BlockPool:
         order_seed: int | None = None,
     ):
         if num_blocks <= 0 or block_size <= 0:
-            raise ValueError("num_blocks and block_size must be positive")
+            raise ValueError('num_blocks and block_size must be positive')
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
@@ -93,7 +93,7 @@ class BlockPool:
         """Add a reference to ``block`` (a prefix hit); revives it if it was cached."""
         if self._ref[block] == 0:
             if self._hash[block] is None:
-                raise ValueError(f"block {block} is free: nothing to acquire")
+                raise ValueError(f'block {block} is free: nothing to acquire')
             del self._free[block]
             self._num_cached -= 1
         self._ref[block] += 1
@@ -104,7 +104,7 @@ class BlockPool:
         Returns False (and leaves the block anonymous) when another block already holds ``h``.
         """
         if self._ref[block] <= 0:
-            raise ValueError(f"block {block} is not referenced")
+            raise ValueError(f'block {block} is not referenced')
         if self._hash[block] is not None:
             return self._hash[block] == h
         if h in self._by_hash:
@@ -118,7 +118,7 @@ class BlockPool:
         for block in reversed(blocks):
             ref = self._ref[block] - 1
             if ref < 0:
-                raise ValueError(f"block {block} released more often than referenced")
+                raise ValueError(f'block {block} released more often than referenced')
             self._ref[block] = ref
             if ref:
                 continue

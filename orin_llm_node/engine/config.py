@@ -17,14 +17,14 @@ from orin_llm_node.quantization import AT_LOAD_FORMATS
 
 from .structured import check_response_format
 
-_DEVICES = ("auto", "cpu", "cuda")
+_DEVICES = ('auto', 'cpu', 'cuda')
 _DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
+    'float32': torch.float32,
+    'fp32': torch.float32,
+    'bfloat16': torch.bfloat16,
+    'bf16': torch.bfloat16,
+    'float16': torch.float16,
+    'fp16': torch.float16,
 }
 
 #: Sampling temperatures other than 0 must lie in ``[MIN_TEMPERATURE, MAX_TEMPERATURE]``: the
@@ -43,7 +43,7 @@ def _positive_int(name, value, allow_none=False):
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise ValueError(f'{name} must be a positive integer, got {value!r}')
 
 
 def _model_dir(model_path: str | Path) -> Path:
@@ -51,10 +51,10 @@ def _model_dir(model_path: str | Path) -> Path:
     if str(model_path):
         return Path(model_path).expanduser()
     demo = package_files.DEMO_MODEL_DIR
-    if (demo / "config.json").is_file():
+    if (demo / 'config.json').is_file():
         return demo
-    raise ValueError(f"model_path is empty and the demo checkpoint is not installed ({demo}): "
-                     "set model_path to a Qwen3-VL checkpoint directory")
+    raise ValueError(f'model_path is empty and the demo checkpoint is not installed ({demo}): '
+                     'set model_path to a Qwen3-VL checkpoint directory')
 
 
 @dataclass
@@ -94,8 +94,8 @@ class EngineConfig:
     """
 
     model_path: str | Path
-    device: str = "auto"
-    dtype: str = "auto"
+    device: str = 'auto'
+    dtype: str = 'auto'
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_mb: float | None = None
@@ -113,36 +113,36 @@ class EngineConfig:
     video_max_pixels: int | None = None
     vision_cache_mb: float = 64.0
     block_order_seed: int | None = None
-    quantization: str = "none"
-    attention_backend: str = "auto"
+    quantization: str = 'none'
+    attention_backend: str = 'auto'
     prefill_chunk_tokens: int = 2048
 
     def __post_init__(self):
         self.model_path = _model_dir(self.model_path)
-        if self.device not in _DEVICES and not str(self.device).startswith("cuda:"):
+        if self.device not in _DEVICES and not str(self.device).startswith('cuda:'):
             raise ValueError(
                 f"device must be one of {_DEVICES} (or 'cuda:N'), got {self.device!r}"
             )
-        if self.dtype != "auto" and self.dtype not in _DTYPES:
+        if self.dtype != 'auto' and self.dtype not in _DTYPES:
             raise ValueError(
                 f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}"
             )
-        _positive_int("block_size", self.block_size)
-        _positive_int("num_kv_blocks", self.num_kv_blocks, allow_none=True)
-        _positive_int("max_model_len", self.max_model_len)
-        _positive_int("cpu_kv_tokens", self.cpu_kv_tokens, allow_none=True)
-        _positive_int("prefill_chunk_tokens", self.prefill_chunk_tokens)
+        _positive_int('block_size', self.block_size)
+        _positive_int('num_kv_blocks', self.num_kv_blocks, allow_none=True)
+        _positive_int('max_model_len', self.max_model_len)
+        _positive_int('cpu_kv_tokens', self.cpu_kv_tokens, allow_none=True)
+        _positive_int('prefill_chunk_tokens', self.prefill_chunk_tokens)
         if self.kv_cache_memory_mb is not None and not self.kv_cache_memory_mb > 0:
             raise ValueError(
-                f"kv_cache_memory_mb must be > 0 when set, got {self.kv_cache_memory_mb!r}"
+                f'kv_cache_memory_mb must be > 0 when set, got {self.kv_cache_memory_mb!r}'
             )
         if self.gpu_memory_fraction is not None and not 0.0 < self.gpu_memory_fraction <= 1.0:
             raise ValueError(
-                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}"
+                f'gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}'
             )
         if self.vision_cache_mb < 0:
-            raise ValueError(f"vision_cache_mb must be >= 0, got {self.vision_cache_mb!r}")
-        for name in ("image_max_pixels", "image_min_pixels", "video_max_pixels"):
+            raise ValueError(f'vision_cache_mb must be >= 0, got {self.vision_cache_mb!r}')
+        for name in ('image_max_pixels', 'image_min_pixels', 'video_max_pixels'):
             _positive_int(name, getattr(self, name), allow_none=True)
         if (
             self.image_max_pixels is not None
@@ -150,34 +150,34 @@ class EngineConfig:
             and self.image_min_pixels > self.image_max_pixels
         ):
             raise ValueError(
-                f"image_min_pixels ({self.image_min_pixels}) must not exceed "
-                f"image_max_pixels ({self.image_max_pixels})"
+                f'image_min_pixels ({self.image_min_pixels}) must not exceed '
+                f'image_max_pixels ({self.image_max_pixels})'
             )
-        if self.quantization != "none" and self.quantization not in AT_LOAD_FORMATS:
+        if self.quantization != 'none' and self.quantization not in AT_LOAD_FORMATS:
             raise ValueError(
                 f"quantization must be 'none' or one of {sorted(AT_LOAD_FORMATS)}, "
                 f"got {self.quantization!r}"
             )
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
-                f"attention_backend must be one of {ATTENTION_BACKENDS}, "
-                f"got {self.attention_backend!r}"
+                f'attention_backend must be one of {ATTENTION_BACKENDS}, '
+                f'got {self.attention_backend!r}'
             )
         if self.block_order_seed is not None and not isinstance(self.block_order_seed, int):
-            raise ValueError(f"block_order_seed must be an int, got {self.block_order_seed!r}")
+            raise ValueError(f'block_order_seed must be an int, got {self.block_order_seed!r}')
 
     def resolve_device(self) -> torch.device:
         """The torch device: 'auto' means CUDA when available, else the CPU."""
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if str(self.device).startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device={self.device!r} but CUDA is not available")
+        if self.device == 'auto':
+            return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+        if str(self.device).startswith('cuda') and not torch.cuda.is_available():
+            raise ValueError(f'device={self.device!r} but CUDA is not available')
         return torch.device(self.device)
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         """The torch dtype: 'auto' means bfloat16 on CUDA and float32 on the CPU."""
-        if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if self.dtype == 'auto':
+            return torch.bfloat16 if device.type == 'cuda' else torch.float32
         return _DTYPES[self.dtype]
 
 
@@ -222,35 +222,35 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field (run at construction)."""
-        _positive_int("max_tokens", self.max_tokens)
+        _positive_int('max_tokens', self.max_tokens)
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not (
                 t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):
             raise ValueError(
-                f"temperature must be 0 (greedy) or a finite number in [{MIN_TEMPERATURE:.7g}, "
-                f"{MAX_TEMPERATURE:.7g}] (the normal float32 range the sampler divides by), "
-                f"got {t!r}")
+                f'temperature must be 0 (greedy) or a finite number in [{MIN_TEMPERATURE:.7g}, '
+                f'{MAX_TEMPERATURE:.7g}] (the normal float32 range the sampler divides by), '
+                f'got {t!r}')
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise ValueError(f'top_p must be in (0, 1], got {self.top_p!r}')
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise ValueError(f'top_k must be an integer >= 0 (0 = off), got {self.top_k!r}')
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
             or not 0 <= self.seed <= MAX_SEED
         ):
-            raise ValueError(f"seed must be None (random) or an integer in [0, 2**64 - 1], "
-                             f"got {self.seed!r}")
+            raise ValueError(f'seed must be None (random) or an integer in [0, 2**64 - 1], '
+                             f'got {self.seed!r}')
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0 when set, got {self.timeout_s!r}")
+            raise ValueError(f'timeout_s must be > 0 when set, got {self.timeout_s!r}')
         self.response_format = check_response_format(self.response_format)
         self.tools = check_tools(self.tools)
         check_tool_choice(self.tool_choice, self.tools)
         self.detect = check_detect(self.detect)
-        shaping = [name for name in ("response_format", "tools", "detect")
+        shaping = [name for name in ('response_format', 'tools', 'detect')
                    if getattr(self, name) is not None]
         if len(shaping) > 1:
             raise ValueError(f"{' and '.join(shaping)} cannot be combined (each shapes the "
                              "answer)")
         if shaping and self.ignore_eos:
-            raise ValueError(f"ignore_eos cannot be combined with {shaping[0]} (the grammar "
-                             "decides where the answer ends)")
+            raise ValueError(f'ignore_eos cannot be combined with {shaping[0]} (the grammar '
+                             'decides where the answer ends)')

@@ -62,7 +62,7 @@ class Conversation:
     def system_prompt(self) -> str | None:
         """The system prompt's text (None: none)."""
         messages = self._segments[0].messages
-        return messages[0]["content"] if messages else None
+        return messages[0]['content'] if messages else None
 
     @property
     def tools(self) -> list[dict] | None:
@@ -72,8 +72,8 @@ class Conversation:
     def pending_tool_calls(self) -> list[dict]:
         """The calls of the last answer (OpenAI ``tool_calls`` entries; empty when none)."""
         messages = self._segments[-1].messages if len(self._segments) > 1 else []
-        if messages and messages[-1]["role"] == "assistant":
-            return list(messages[-1].get("tool_calls", []))
+        if messages and messages[-1]['role'] == 'assistant':
+            return list(messages[-1].get('tool_calls', []))
         return []
 
     def turn_lengths(self) -> list[int]:
@@ -130,11 +130,11 @@ class Conversation:
         """
         if self._token_ids[-1] != end_id:
             self.append_token(end_id)
-        message = {"role": "assistant", "content": answer}
+        message = {'role': 'assistant', 'content': answer}
         if tool_calls:
-            message["tool_calls"] = [
-                {"id": c["id"], "type": "function",
-                 "function": {"name": c["name"], "arguments": c["arguments"]}}
+            message['tool_calls'] = [
+                {'id': c['id'], 'type': 'function',
+                 'function': {'name': c['name'], 'arguments': c['arguments']}}
                 for c in tool_calls]
         self._segments[-1].messages.append(message)
 

@@ -31,7 +31,7 @@ import logging
 
 import torch
 
-__all__ = ["CudaGraphDecode", "GraphCapture", "pointer_key", "replay_writes"]
+__all__ = ['CudaGraphDecode', 'GraphCapture', 'pointer_key', 'replay_writes']
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class GraphCapture:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
-                                  capture_error_mode="thread_local"):
+                                  capture_error_mode='thread_local'):
                 out = fn()
         return graph, out
 
@@ -86,13 +86,13 @@ def replay_writes(graph, outputs, what: str) -> None:
     so only a poisoned replay tells an empty graph from a working one.
     """
     for t in outputs:
-        t.fill_(float("nan") if t.is_floating_point() else -1)
+        t.fill_(float('nan') if t.is_floating_point() else -1)
     graph.replay()
     if any(bool(_unwritten(t).all()) for t in outputs):
         raise RuntimeError(
-            f"{what}: the captured CUDA graph wrote nothing when replayed (an empty capture: "
-            "the work ran on another device or stream, or produced only NaN); set "
-            "enable_cuda_graph false and report it")
+            f'{what}: the captured CUDA graph wrote nothing when replayed (an empty capture: '
+            'the work ran on another device or stream, or produced only NaN); set '
+            'enable_cuda_graph false and report it')
 
 
 class CudaGraphDecode:
@@ -153,7 +153,7 @@ class CudaGraphDecode:
     def _capture(self, key: tuple) -> None:
         r = self.runner
         if self.forward is not None:
-            log.info("decode graph: a captured pointer changed, capturing again")
+            log.info('decode graph: a captured pointer changed, capturing again')
         self.forward = self.pick = self.logits = self.masked = self.token = None
         eager = r._decode_forward()  # warm-up on this thread, not captured
         r._decode_pick(eager)
@@ -161,11 +161,11 @@ class CudaGraphDecode:
         capture = self.capturer.capture
         forward, logits = capture(lambda: self.runner._decode_forward())
         pick, (masked, token) = capture(lambda: self.runner._decode_pick(logits))
-        replay_writes(forward, (logits,), f"decode graph on {r.device}")
-        replay_writes(pick, (masked, token), f"decode token-pick graph on {r.device}")
+        replay_writes(forward, (logits,), f'decode graph on {r.device}')
+        replay_writes(pick, (masked, token), f'decode token-pick graph on {r.device}')
         if not torch.equal(logits, eager):
             log.warning(
-                "decode graph: replay differs from the eager step by %.3g (max |diff|)",
+                'decode graph: replay differs from the eager step by %.3g (max |diff|)',
                 (logits - eager).abs().max().item(),
             )
         self.forward, self.pick, self._key = forward, pick, key

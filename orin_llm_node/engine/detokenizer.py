@@ -9,7 +9,7 @@ decoding only a short window of recent tokens each step (vLLM's prefix/read offs
 
 from collections.abc import Callable, Sequence
 
-_REPLACEMENT = "\ufffd"
+_REPLACEMENT = '\ufffd'
 
 
 class IncrementalDetokenizer:
@@ -20,7 +20,7 @@ class IncrementalDetokenizer:
         self._ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
-        self.text = ""
+        self.text = ''
 
     def add(self, token_id: int) -> str:
         """Append one token; return the newly completed text (possibly empty)."""
@@ -28,7 +28,7 @@ class IncrementalDetokenizer:
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
         if len(full) <= len(prefix) or full.endswith(_REPLACEMENT):
-            return ""
+            return ''
         delta = full[len(prefix) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
@@ -39,7 +39,7 @@ class IncrementalDetokenizer:
         """At the end of a generation: whatever is still held back (may contain U+FFFD)."""
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
-        delta = full[len(prefix) :] if len(full) > len(prefix) else ""
+        delta = full[len(prefix) :] if len(full) > len(prefix) else ''
         self._prefix_offset = self._read_offset = len(self._ids)
         self.text += delta
         return delta

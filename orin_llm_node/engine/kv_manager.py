@@ -39,7 +39,7 @@ class KVBlocks:
     how many leading tokens of the history have K/V in those blocks.
     """
 
-    __slots__ = ("ids", "hashes", "num_tokens")
+    __slots__ = ('ids', 'hashes', 'num_tokens')
 
     def __init__(self):
         self.ids: list[int] = []
@@ -85,7 +85,7 @@ class TurnPlan:
     hits: list[int] = field(default_factory=list)
     hit_hashes: list[bytes] = field(default_factory=list)
     shortfall: int = 0  # blocks missing for the whole answer without a pool-forced drop
-    reason: str = ""
+    reason: str = ''
 
 
 def drop_levels(num_turns: int) -> list[int]:
@@ -107,8 +107,8 @@ class KVCacheManager:
         self.enable_prefix_cache = enable_prefix_cache
         # Prompt tokens served from the cache / computed, and the ladder's steps (PoolStats names).
         self._counts = dict.fromkeys(
-            ("prefix_hits", "prefix_misses", "exhaustion_events", "truncated_generations",
-             "rejected_prompts", "dropped_turns", "idle_releases"), 0)
+            ('prefix_hits', 'prefix_misses', 'exhaustion_events', 'truncated_generations',
+             'rejected_prompts', 'dropped_turns', 'idle_releases'), 0)
         # Conversations holding blocks, least recently admitted first; those generating now.
         self._holders: OrderedDict[int, KVBlocks] = OrderedDict()
         self._busy: set[int] = set()
@@ -118,7 +118,7 @@ class KVCacheManager:
     def stats(self) -> PoolStats:
         """Snapshot of the pool's counts and of the manager's counters (changes nothing)."""
         pool, counts = self.pool, self._counts
-        queried = counts["prefix_hits"] + counts["prefix_misses"]
+        queried = counts['prefix_hits'] + counts['prefix_misses']
         return PoolStats(
             total_blocks=pool.num_blocks,
             free_blocks=pool.num_free,
@@ -127,7 +127,7 @@ class KVCacheManager:
             block_size=pool.block_size,
             bytes_per_block=pool.bytes_per_block,
             usage_pct=100.0 * pool.num_used / pool.num_blocks,
-            prefix_hit_rate=counts["prefix_hits"] / queried if queried else 0.0,
+            prefix_hit_rate=counts['prefix_hits'] / queried if queried else 0.0,
             evictions=pool.evictions,
             **counts,
         )
@@ -154,7 +154,7 @@ class KVCacheManager:
             if self.pool.num_available >= goal:
                 break
             self._give_back(self._holders.pop(cid))
-            self._counts["idle_releases"] += 1
+            self._counts['idle_releases'] += 1
         return bool(idle)
 
     # ---- planning (pure) -------------------------------------------------------------------
@@ -200,8 +200,8 @@ class KVCacheManager:
         if newest >= self.max_model_len:
             return TurnPlan(
                 FinishReason.CONTEXT_FULL, prompt_len=newest,
-                reason=f"the prompt alone takes {newest} tokens; max_model_len is "
-                       f"{self.max_model_len}",
+                reason=f'the prompt alone takes {newest} tokens; max_model_len is '
+                       f'{self.max_model_len}',
             )
         levels = drop_levels(conv.num_turns)
         # Fewest dropped turns that leave room for the whole answer within max_model_len.
@@ -225,9 +225,9 @@ class KVCacheManager:
             return plan
         return TurnPlan(
             FinishReason.KV_EXHAUSTED, prompt_len=plan.prompt_len, shortfall=shortfall,
-            reason=f"KV pool exhausted: the prompt needs {self._blocks(plan.prompt_len)} blocks "
-                   f"of {self.block_size} tokens, {self.pool.num_available} are available "
-                   f"of {self.pool.num_blocks}",
+            reason=f'KV pool exhausted: the prompt needs {self._blocks(plan.prompt_len)} blocks '
+                   f'of {self.block_size} tokens, {self.pool.num_available} are available '
+                   f'of {self.pool.num_blocks}',
         )
 
     # ---- applying --------------------------------------------------------------------------
@@ -246,16 +246,16 @@ class KVCacheManager:
             plan = self.plan(conv, turn, max_tokens)
         if plan.refused:
             if plan.refused == FinishReason.KV_EXHAUSTED:
-                self._counts["rejected_prompts"] += 1
-                self._counts["exhaustion_events"] += 1
+                self._counts['rejected_prompts'] += 1
+                self._counts['exhaustion_events'] += 1
             return plan
         kv = conv.kv
         if plan.drop:
             self.release(conv)
             conv.drop_oldest(plan.drop)
-            self._counts["dropped_turns"] += plan.drop
+            self._counts['dropped_turns'] += plan.drop
         if plan.pool_drop:
-            self._counts["exhaustion_events"] += 1
+            self._counts['exhaustion_events'] += 1
         conv.open_turn(turn)
         if not plan.keep_kv:
             for block in plan.hits:
@@ -263,10 +263,10 @@ class KVCacheManager:
             kv.ids = list(plan.hits)
             kv.hashes = list(plan.hit_hashes)
             kv.num_tokens = len(plan.hits) * self.block_size
-        self._counts["prefix_hits"] += kv.num_tokens
-        self._counts["prefix_misses"] += plan.prompt_len - kv.num_tokens
+        self._counts['prefix_hits'] += kv.num_tokens
+        self._counts['prefix_misses'] += plan.prompt_len - kv.num_tokens
         if not self._reserve(kv, plan.prompt_len):
-            raise RuntimeError("KV pool changed between plan and admit")  # single-threaded
+            raise RuntimeError('KV pool changed between plan and admit')  # single-threaded
         self._holders[conv.id] = kv
         self._holders.move_to_end(conv.id)
         self._busy.add(conv.id)
@@ -295,8 +295,8 @@ class KVCacheManager:
         """
         while not self._reserve(conv.kv, num_tokens):
             if not self._release_idle(conv, 1):
-                self._counts["truncated_generations"] += 1
-                self._counts["exhaustion_events"] += 1
+                self._counts['truncated_generations'] += 1
+                self._counts['exhaustion_events'] += 1
                 return False
         return True
 

@@ -50,7 +50,7 @@ from .turn import ChatResult, StreamEvent, TurnLoop, TurnState, check_message, c
 from .vision_cache import VisionCache
 from .warmup import COMMON_FRAME_SIZES, throwaway_turn, vision_grids
 
-__all__ = ["ChatResult", "EngineStats", "LLMEngine", "StreamEvent"]
+__all__ = ['ChatResult', 'EngineStats', 'LLMEngine', 'StreamEvent']
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +120,9 @@ class LLMEngine:
             weakref.WeakValueDictionary())
         per_block = self.runner.bytes_per_block
         log.info(
-            "KV cache on %s (%s): %d blocks x %d tokens, %d bytes per block, %.1f MiB, "
-            "holds at most %d tokens (max_model_len %d)",
-            self.device, str(self.dtype).replace("torch.", ""), num_blocks, config.block_size,
+            'KV cache on %s (%s): %d blocks x %d tokens, %d bytes per block, %.1f MiB, '
+            'holds at most %d tokens (max_model_len %d)',
+            self.device, str(self.dtype).replace('torch.', ''), num_blocks, config.block_size,
             per_block, num_blocks * per_block / 2**20, num_blocks * config.block_size,
             config.max_model_len,
         )
@@ -141,13 +141,13 @@ class LLMEngine:
         """
         if self._guard.closed:
             return
-        with self._guard.hold("close"):
+        with self._guard.hold('close'):
             self.runner.close()
             self.runner = self.model = self._turns = self._grammar_tokenizer = None
             self.vision_cache = VisionCache(0)
             self._guard.close()
 
-    def __enter__(self) -> "LLMEngine":
+    def __enter__(self) -> 'LLMEngine':
         """The engine itself; :meth:`close` when the block ends."""
         return self
 
@@ -188,7 +188,7 @@ class LLMEngine:
 
         ``ValueError`` (see ``check_system_prompt``) for a system prompt no turn could follow.
         """
-        with self._guard.hold("new_conversation"):
+        with self._guard.hold('new_conversation'):
             conv = Conversation(self._system_piece(system_prompt), KVBlocks())
             self.kv.track(conv)
             self._conversations[conv.id] = conv
@@ -214,7 +214,7 @@ class LLMEngine:
         Any thread may call it, as ``check_system_prompt`` (after ``warmup`` the vocabulary is
         indexed; each call compiles a fresh matcher and touches no engine state).
         """
-        self._guard.peek_closed("check_response_format")
+        self._guard.peek_closed('check_response_format')
         self._grammar_for(check_response_format(response_format))
 
     def check_tools(self, tools, tool_choice=None) -> None:
@@ -224,7 +224,7 @@ class LLMEngine:
         checkpoint's tool tokens, the tools' text, every tool's schema compiled against the
         vocabulary. Any thread may call it, as ``check_response_format``.
         """
-        self._guard.peek_closed("check_tools")
+        self._guard.peek_closed('check_tools')
         tools = check_tools(tools)
         choice = check_tool_choice(tool_choice, tools)
         if tools is not None:
@@ -234,20 +234,20 @@ class LLMEngine:
         if system_prompt is None and tools is None:
             return self.prompts.system_piece(None)
         if system_prompt is not None:
-            check_text("system prompt", system_prompt)
+            check_text('system prompt', system_prompt)
         piece = self.prompts.system_piece(system_prompt, tools)
         shortest = len(piece.token_ids) + len(
-            self.prompts.user_turn(piece.messages, "", [], tools=tools).token_ids)
+            self.prompts.user_turn(piece.messages, '', [], tools=tools).token_ids)
         if shortest >= self.config.max_model_len:
             raise ValueError(
-                f"the system prompt takes {len(piece.token_ids)} tokens: with the shortest user "
-                f"turn that is {shortest} tokens, no room for an answer within max_model_len "
-                f"{self.config.max_model_len}")
+                f'the system prompt takes {len(piece.token_ids)} tokens: with the shortest user '
+                f'turn that is {shortest} tokens, no room for an answer within max_model_len '
+                f'{self.config.max_model_len}')
         blocks = math.ceil(shortest / self.config.block_size)
         if blocks > self.pool.num_blocks:
             raise ValueError(
-                f"the system prompt takes {len(piece.token_ids)} tokens: with the shortest user "
-                f"turn that needs {blocks} KV blocks, the pool has {self.pool.num_blocks}")
+                f'the system prompt takes {len(piece.token_ids)} tokens: with the shortest user '
+                f'turn that needs {blocks} KV blocks, the pool has {self.pool.num_blocks}')
         return piece
 
     def warmup(self, image_sizes=None, video_sizes=(), should_stop=None) -> float:
@@ -267,7 +267,7 @@ class LLMEngine:
         and no counter moves. ``should_stop`` (a callable) is asked before each step;
         ``LoadInterrupted`` is raised when it answers True.
         """
-        with self._guard.hold("warmup"):
+        with self._guard.hold('warmup'):
             return self._warmup(COMMON_FRAME_SIZES if image_sizes is None else image_sizes,
                                 video_sizes, should_stop)
 
@@ -278,26 +278,26 @@ class LLMEngine:
         # The tower runs once per distinct grid on zero patches: its values do not matter.
         p, t = processor.patch_size, processor.temporal_patch_size
         for grid in grids:
-            check_stop(should_stop, "warming up the vision tower")
+            check_stop(should_stop, 'warming up the vision tower')
             self.runner.encode_image(
                 torch.zeros(grid[0] * grid[1] * grid[2], 3 * t * p * p), grid)
-        check_stop(should_stop, "warming up")
+        check_stop(should_stop, 'warming up')
         self.runner.capture_prefill_graphs()
         if structured_available():
-            check_stop(should_stop, "warming up")
+            check_stop(should_stop, 'warming up')
             self._index_vocabulary()
-        check_stop(should_stop, "warming up")
+        check_stop(should_stop, 'warming up')
         frames = [(g[1] * g[2], size) for g, size in grids.items() if size is not None]
         turn = throwaway_turn(self.runner, self.prompts, self.pool,
                               Sampler(SamplingParams(max_tokens=2), self.device, self._banned),
                               min(frames)[1] if frames else None, self.config.max_model_len,
                               self.config.prefill_chunk_tokens)
-        if self.device.type == "cuda":
+        if self.device.type == 'cuda':
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
-        log.info("warm-up: %d vision grid(s) %s, prefill graphs %s, throw-away turn %s, %.2f s",
-                 len(grids), sorted(grids), "captured" if self.runner.prefill_graphs else "off",
-                 "run" if turn else "skipped", seconds)
+        log.info('warm-up: %d vision grid(s) %s, prefill graphs %s, throw-away turn %s, %.2f s',
+                 len(grids), sorted(grids), 'captured' if self.runner.prefill_graphs else 'off',
+                 'run' if turn else 'skipped', seconds)
         return seconds
 
     def cancel(self) -> None:
@@ -309,7 +309,7 @@ class LLMEngine:
 
         The blocks go back to the pool tail first, so hashed ones stay reusable as cache.
         """
-        with self._guard.hold("reset"):
+        with self._guard.hold('reset'):
             self.kv.collect()
             for c in list(self._conversations.values()) if conv is None else [conv]:
                 self.kv.release(c)
@@ -320,7 +320,7 @@ class LLMEngine:
 
         Allowed between the steps of this thread's own ``chat_stream``.
         """
-        self._guard.peek("stats")
+        self._guard.peek('stats')
         return EngineStats(**asdict(self.kv.stats()), vision_cache_hits=self.vision_cache.hits,
                            vision_cache_misses=self.vision_cache.misses)
 
@@ -360,7 +360,7 @@ class LLMEngine:
         stream closed early keeps its answer so far (``cancelled``). The generator holds the
         engine from its first step to its end (or ``close()``): see the module docstring.
         """
-        with self._guard.hold("chat_stream"):
+        with self._guard.hold('chat_stream'):
             yield from self._chat_stream(conv, text, images, sampling, videos, tool_results)
 
     # ---- internals -------------------------------------------------------------------------
@@ -396,7 +396,7 @@ class LLMEngine:
             result = loop.refused(conv, turn, plan)
             if system is not None:
                 loop.roll_back(conv, before)
-            yield StreamEvent("", result=result)
+            yield StreamEvent('', result=result)
             return
         state = TurnState(t0, conv.num_kv_tokens, plan.drop)
         state.shape = shape
@@ -426,8 +426,8 @@ class LLMEngine:
         if self._grammar_tokenizer is None:
             t0 = time.perf_counter()
             self._grammar_tokenizer = GrammarTokenizer(
-                self.config.model_path / "tokenizer.json", self.model.config.text.vocab_size,
+                self.config.model_path / 'tokenizer.json', self.model.config.text.vocab_size,
                 self.tokenizer.eos_ids, banned_ids=self._banned)
-            log.info("constrained decoding: vocabulary indexed in %.2f s",
+            log.info('constrained decoding: vocabulary indexed in %.2f s',
                      time.perf_counter() - t0)
         return self._grammar_tokenizer

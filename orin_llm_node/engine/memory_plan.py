@@ -49,8 +49,8 @@ from orin_llm_node.quantization import model_weight_bytes
 from .config import EngineConfig
 from .prefill_graph import DEFAULT_BUCKETS
 
-__all__ = ["KV_CONVERSATIONS", "MemoryPlan", "MemoryPlanError", "available_memory",
-           "plan_memory"]
+__all__ = ['KV_CONVERSATIONS', 'MemoryPlan', 'MemoryPlanError', 'available_memory',
+           'plan_memory']
 
 #: Conversations of ``max_model_len`` tokens the automatic KV pool is sized for.
 KV_CONVERSATIONS = 2
@@ -130,30 +130,30 @@ class MemoryPlan:
 
     def refusal(self) -> str:
         """One line: the figures, and the settings that would fit."""
-        kv = (f"KV {_gb(self.kv_wanted)} (kv_cache_memory_mb)" if self.kv_explicit else
-              f"KV room {_gb(self.kv_required)} (the pool takes {self.kv_fraction:.0%} of "
-              f"what is left, and it must hold one {self.max_model_len}-token conversation: "
-              f"{_gb(self.kv_one_conversation)})")
-        fix = "; ".join(self.would_fit) or "no setting of this checkpoint fits: use a smaller one"
-        return (f"the model does not fit in memory on {self.device}: weights "
-                f"{_gb(self.weights)} ({self.weight_format}) + {kv} + scratch "
-                f"{_gb(self.scratch_total)} = {_gb(self.needed)} > {_gb(self.available)} "
-                f"available ({self.available_source}); would fit: {fix}")
+        kv = (f'KV {_gb(self.kv_wanted)} (kv_cache_memory_mb)' if self.kv_explicit else
+              f'KV room {_gb(self.kv_required)} (the pool takes {self.kv_fraction:.0%} of '
+              f'what is left, and it must hold one {self.max_model_len}-token conversation: '
+              f'{_gb(self.kv_one_conversation)})')
+        fix = '; '.join(self.would_fit) or 'no setting of this checkpoint fits: use a smaller one'
+        return (f'the model does not fit in memory on {self.device}: weights '
+                f'{_gb(self.weights)} ({self.weight_format}) + {kv} + scratch '
+                f'{_gb(self.scratch_total)} = {_gb(self.needed)} > {_gb(self.available)} '
+                f'available ({self.available_source}); would fit: {fix}')
 
     def as_dict(self) -> dict:
         """JSON-ready figures (``orin_llm_check --json``)."""
-        return {**asdict(self), "scratch_total": self.scratch_total,
-                "kv_required": self.kv_required, "needed": self.needed}
+        return {**asdict(self), 'scratch_total': self.scratch_total,
+                'kv_required': self.kv_required, 'needed': self.needed}
 
 
 def _gb(n: int) -> str:
-    return f"{n / _GB:.2f} GB"
+    return f'{n / _GB:.2f} GB'
 
 
 def _meminfo_available(root: Path) -> int | None:
     try:
-        for line in (root / "proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in (root / 'proc/meminfo').read_text().splitlines():
+            if line.startswith('MemAvailable:'):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
@@ -165,7 +165,7 @@ def _read_int(path: Path) -> int | None:
         text = path.read_text().strip()
     except OSError:
         return None
-    return None if text == "max" or not text.isdigit() else int(text)
+    return None if text == 'max' or not text.isdigit() else int(text)
 
 
 def _own_cgroups(root: Path) -> list[tuple[Path, str, str, str]]:
@@ -177,31 +177,31 @@ def _own_cgroups(root: Path) -> list[tuple[Path, str, str, str]]:
     container sees its own cgroup at the mount point) is skipped.
     """
     try:
-        lines = (root / "proc/self/cgroup").read_text().splitlines()
+        lines = (root / 'proc/self/cgroup').read_text().splitlines()
     except OSError:
         lines = []
     hierarchies = []
     for line in lines:
-        parts = line.split(":", 2)
+        parts = line.split(':', 2)
         if len(parts) != 3:
             continue
-        if parts[0] == "0" and not parts[1]:
-            hierarchies.append((parts[2], "", "memory.max", "memory.current"))
-        elif "memory" in parts[1].split(","):
-            hierarchies.append((parts[2], "memory", "memory.limit_in_bytes",
-                                "memory.usage_in_bytes"))
+        if parts[0] == '0' and not parts[1]:
+            hierarchies.append((parts[2], '', 'memory.max', 'memory.current'))
+        elif 'memory' in parts[1].split(','):
+            hierarchies.append((parts[2], 'memory', 'memory.limit_in_bytes',
+                                'memory.usage_in_bytes'))
     if not hierarchies:  # no /proc/self/cgroup: the mount points themselves
-        hierarchies = [("/", "", "memory.max", "memory.current"),
-                       ("/", "memory", "memory.limit_in_bytes", "memory.usage_in_bytes")]
+        hierarchies = [('/', '', 'memory.max', 'memory.current'),
+                       ('/', 'memory', 'memory.limit_in_bytes', 'memory.usage_in_bytes')]
     found = []
     for path, mount, limit, usage in hierarchies:
-        names = [n for n in path.strip().split("/") if n and n != "."]
-        if ".." in names:
+        names = [n for n in path.strip().split('/') if n and n != '.']
+        if '..' in names:
             continue
         for depth in range(len(names), -1, -1):
-            directory = root.joinpath("sys/fs/cgroup", mount, *names[:depth])
+            directory = root.joinpath('sys/fs/cgroup', mount, *names[:depth])
             if directory.is_dir():
-                found.append((directory, "/" + "/".join(names[:depth]), limit, usage))
+                found.append((directory, '/' + '/'.join(names[:depth]), limit, usage))
     return found
 
 
@@ -211,11 +211,11 @@ def _cgroup_room(root: Path) -> tuple[int, str] | None:
     for directory, path, limit, usage in _own_cgroups(root):
         top, used = _read_int(directory / limit), _read_int(directory / usage)
         if top is not None and used is not None and top < _CGROUP_UNLIMITED:
-            rooms.append((max(top - used, 0), f"cgroup limit of {path}"))
+            rooms.append((max(top - used, 0), f'cgroup limit of {path}'))
     return min(rooms) if rooms else None
 
 
-def available_memory(device: torch.device, root: str | Path = "/") -> tuple[int, bool, str]:
+def available_memory(device: torch.device, root: str | Path = '/') -> tuple[int, bool, str]:
     """``(bytes the process may take, integrated GPU?, where the figure came from)``.
 
     On a CUDA device this creates the device's CUDA context first (``cudaMemGetInfo``), so
@@ -224,24 +224,24 @@ def available_memory(device: torch.device, root: str | Path = "/") -> tuple[int,
     root = Path(root)
     integrated = False
     device_free = None
-    if device.type == "cuda":
+    if device.type == 'cuda':
         device_free = int(torch.cuda.mem_get_info(device)[0])
         integrated = bool(getattr(torch.cuda.get_device_properties(device),
-                                  "is_integrated", False))
+                                  'is_integrated', False))
         if not integrated:
-            return device_free, False, "cudaMemGetInfo"
+            return device_free, False, 'cudaMemGetInfo'
     figures = []
     meminfo = _meminfo_available(root)
     if meminfo is not None:
-        figures.append((meminfo, "MemAvailable"))
+        figures.append((meminfo, 'MemAvailable'))
     room = _cgroup_room(root)
     if room is not None:
         figures.append(room)
     if not figures and device_free is not None:
-        figures.append((device_free, "cudaMemGetInfo"))
+        figures.append((device_free, 'cudaMemGetInfo'))
     if not figures:
-        raise MemoryPlanError("cannot tell how much memory is available (no /proc/meminfo): "
-                              "set kv_cache_memory_mb")
+        raise MemoryPlanError('cannot tell how much memory is available (no /proc/meminfo): '
+                              'set kv_cache_memory_mb')
     value, source = min(figures)
     return value, integrated, source
 
@@ -258,21 +258,21 @@ def _scratch(mcfg, itemsize: int, max_model_len: int, image_max_pixels: int,
     patches = image_max_pixels // (vc.patch_size * vc.patch_size)
     per_patch = (6 * vc.hidden_size + 2 * vc.intermediate_size) * itemsize
     scratch = {
-        "prefill_activations": max_model_len * per_token,
-        "vision_activations": patches * per_patch,
-        "logits": 2 * tc.vocab_size * 4,
-        "vision_cache": vision_cache_bytes,
-        "headroom": HEADROOM,
+        'prefill_activations': max_model_len * per_token,
+        'vision_activations': patches * per_patch,
+        'logits': 2 * tc.vocab_size * 4,
+        'vision_cache': vision_cache_bytes,
+        'headroom': HEADROOM,
     }
     if quantized:
         largest = max(2 * inter * h, (q + 2 * kv) * h, inter * h, q * h)
-        scratch["quantized_prefill_layer"] = largest * itemsize
+        scratch['quantized_prefill_layer'] = largest * itemsize
     if cuda:
-        scratch["cublas_workspace"] = CUBLAS_WORKSPACE
-        scratch["cuda_graph_pools"] = GRAPH_POOL_BASE + max(DEFAULT_BUCKETS) * per_token
-        scratch["cuda_lazy_modules"] = CUDA_LAZY_MODULES
+        scratch['cublas_workspace'] = CUBLAS_WORKSPACE
+        scratch['cuda_graph_pools'] = GRAPH_POOL_BASE + max(DEFAULT_BUCKETS) * per_token
+        scratch['cuda_lazy_modules'] = CUDA_LAZY_MODULES
         if integrated:  # NVRTC runs in host RAM, which a discrete GPU's free memory is not
-            scratch["nvrtc_compile"] = NVRTC_COMPILE
+            scratch['nvrtc_compile'] = NVRTC_COMPILE
     return scratch
 
 
@@ -294,7 +294,7 @@ def _weights(cfg: EngineConfig, dtype: torch.dtype, quantization: str, mcfg=None
 
 
 def plan_memory(cfg: EngineConfig, device: torch.device | None = None,
-                dtype: torch.dtype | None = None, root: str | Path = "/") -> MemoryPlan:
+                dtype: torch.dtype | None = None, root: str | Path = '/') -> MemoryPlan:
     """The memory plan for ``cfg`` on ``device`` (``root``: where ``/proc`` and ``/sys`` are).
 
     Raises ``ModelLoadError`` for an unreadable ``config.json``; never raises for a plan that
@@ -308,14 +308,14 @@ def plan_memory(cfg: EngineConfig, device: torch.device | None = None,
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_block = kv_bytes_per_block(mcfg.text, cfg.block_size, dtype)
     available, integrated, source = available_memory(device, root)
-    cuda = device.type == "cuda"
+    cuda = device.type == 'cuda'
     pixels = _image_max_pixels(cfg)
 
     def scratch_for(max_model_len, quantized):
         return _scratch(mcfg, itemsize, max_model_len, pixels, quantized, cuda, integrated,
                         int(cfg.vision_cache_mb * _MIB))
 
-    quantized = weight_format != str(dtype).replace("torch.", "")
+    quantized = weight_format != str(dtype).replace('torch.', '')
     scratch = scratch_for(cfg.max_model_len, quantized)
     one = math.ceil(cfg.max_model_len / cfg.block_size) * per_block
     fraction = cfg.gpu_memory_fraction or (
@@ -330,10 +330,10 @@ def plan_memory(cfg: EngineConfig, device: torch.device | None = None,
         blocks = wanted // per_block
         if blocks < 1:
             raise ValueError(
-                f"KV cache budget of {wanted / _MIB:.1f} MiB holds no block of "
-                f"{per_block / _MIB:.2f} MiB (raise kv_cache_memory_mb or lower block_size)")
+                f'KV cache budget of {wanted / _MIB:.1f} MiB holds no block of '
+                f'{per_block / _MIB:.2f} MiB (raise kv_cache_memory_mb or lower block_size)')
     else:
-        tokens = (cfg.cpu_kv_tokens if device.type == "cpu" and cfg.cpu_kv_tokens
+        tokens = (cfg.cpu_kv_tokens if device.type == 'cpu' and cfg.cpu_kv_tokens
                   else KV_CONVERSATIONS * cfg.max_model_len)
         wanted = math.ceil(tokens / cfg.block_size) * per_block
         # Never under one whole conversation: a share that cannot hold one is refused below
@@ -358,19 +358,19 @@ def _with_advice(plan: MemoryPlan, cfg: EngineConfig, dtype, mcfg, scratch_for) 
     per_token = plan.kv_bytes_per_token
     # What each token of max_model_len takes: its prefill activations and, unless the pool is
     # set outright, the room whose share holds its KV.
-    act = scratch_for(1, False)["prefill_activations"]
+    act = scratch_for(1, False)['prefill_activations']
     kv_per_token = 0 if plan.kv_explicit else per_token / plan.kv_fraction
     kv_fixed = plan.kv_wanted if plan.kv_explicit else 0
 
     def longest(weights, scratch):
         # The longest max_model_len (whole 256s) that fits beside these, if shorter.
-        fixed = weights + kv_fixed + sum(scratch.values()) - scratch["prefill_activations"]
+        fixed = weights + kv_fixed + sum(scratch.values()) - scratch['prefill_activations']
         tokens = int((plan.available - fixed) / (kv_per_token + act)) // 256 * 256
         return tokens if 256 <= tokens < cfg.max_model_len else None
 
     advice, pair = [], None
-    if mcfg.quantization_config is None and cfg.quantization in ("none", "int8"):
-        for q in ("int8", "int4"):
+    if mcfg.quantization_config is None and cfg.quantization in ('none', 'int8'):
+        for q in ('int8', 'int4'):
             if q == cfg.quantization:
                 continue
             try:
@@ -379,25 +379,25 @@ def _with_advice(plan: MemoryPlan, cfg: EngineConfig, dtype, mcfg, scratch_for) 
                 continue
             scratch = scratch_for(cfg.max_model_len, True)
             if weights + plan.kv_required + sum(scratch.values()) <= plan.available:
-                advice.append(f"quantization={q} (weights {_gb(weights)})")
+                advice.append(f'quantization={q} (weights {_gb(weights)})')
                 pair = None
                 break
             tokens = longest(weights, scratch)
             if tokens:  # int4 comes last: the longest
-                pair = (tokens, f"quantization={q} with max_model_len={tokens} "
-                                f"(weights {_gb(weights)})")
+                pair = (tokens, f'quantization={q} with max_model_len={tokens} '
+                                f'(weights {_gb(weights)})')
     tokens = longest(plan.weights, plan.scratch)
     if tokens:
-        advice.append(f"max_model_len={tokens}")
+        advice.append(f'max_model_len={tokens}')
     if pair and pair[0] > (tokens or 0) + 256:  # worth the second change
         advice.append(pair[1])
     room = plan.available - plan.weights - plan.scratch_total
     whole = math.ceil(plan.kv_one_conversation / _MIB)
     if not plan.kv_explicit and room >= whole * _MIB:
         # Only the share refused it: a pool of one whole conversation, set outright, fits.
-        advice.append(f"kv_cache_memory_mb={whole} (one whole conversation; "
-                      f"{_gb(room - whole * _MIB)} left to the rest of the robot)")
+        advice.append(f'kv_cache_memory_mb={whole} (one whole conversation; '
+                      f'{_gb(room - whole * _MIB)} left to the rest of the robot)')
     elif room >= 64 * _MIB and (plan.kv_explicit or room < plan.kv_one_conversation):
-        advice.append(f"kv_cache_memory_mb={int(room * 0.9 / _MIB)} (conversations longer "
-                      f"than {int(room * 0.9) // per_token} tokens drop their oldest turns)")
+        advice.append(f'kv_cache_memory_mb={int(room * 0.9 / _MIB)} (conversations longer '
+                      f'than {int(room * 0.9) // per_token} tokens drop their oldest turns)')
     return replace(plan, fits=False, would_fit=tuple(advice))

@@ -33,7 +33,7 @@ from orin_llm_node.kernels.backend_factory import make_attention_backend
 from .prefill_graph import DEFAULT_BUCKETS, PrefillGraphs
 from .structured import apply_bitmask, host_bitmask
 
-__all__ = ["ModelRunner", "kv_bytes_per_block"]
+__all__ = ['ModelRunner', 'kv_bytes_per_block']
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class ModelRunner:
 
     def __init__(self, model, num_blocks: int, block_size: int, max_model_len: int,
                  device: torch.device, dtype: torch.dtype, enable_cuda_graph: bool = False,
-                 prefill_buckets: tuple[int, ...] | None = None, attention_backend: str = "auto",
+                 prefill_buckets: tuple[int, ...] | None = None, attention_backend: str = 'auto',
                  launcher=None):
         tc = model.config.text
         self.model = model
@@ -93,13 +93,13 @@ class ModelRunner:
         # metadata from device memory (graph_safe); captured on the first decode step,
         # replayed by run_decode after prepare_decode has written the static buffers.
         self.decode_graph = None
-        if enable_cuda_graph and device.type == "cuda":
+        if enable_cuda_graph and device.type == 'cuda':
             from .cuda_graph import CudaGraphDecode
 
             if self.attn.graph_safe:
                 self.decode_graph = CudaGraphDecode(self)
             elif self.backend_fallback_reason is None:  # a fallback has said so already
-                log.warning("CUDA graphs need the CUDA attention backend: decoding eagerly")
+                log.warning('CUDA graphs need the CUDA attention backend: decoding eagerly')
         self.max_blocks_per_seq = math.ceil(max_model_len / block_size) + 1
         # Bucketed prefill of short text-only suffixes: by default only where it pays, with
         # graphs (padding costs compute); tests pass buckets to run the padding on the CPU.
@@ -120,7 +120,7 @@ class ModelRunner:
         self.decode_token_mask = torch.full((words,), -1, dtype=torch.int32, device=device)
         self.decode_mask_shifts = torch.arange(32, dtype=torch.int32, device=device)
         self._mask_host = torch.empty(words, dtype=torch.int32,
-                                      pin_memory=device.type == "cuda")
+                                      pin_memory=device.type == 'cuda')
         self._mask_sampler = None  # the unconstrained sampler decode_token_mask was built for
         self._allowed_words = None  # host bitmask of that sampler's not-banned ids
         self._table_on_device: list[int] = []  # host mirror of decode_block_table's prefix
@@ -196,7 +196,7 @@ class ModelRunner:
         between chunks leaves the KV of the chunks done valid.
         """
         if chunk_tokens <= 0:
-            raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+            raise ValueError(f'chunk_tokens must be positive, got {chunk_tokens}')
         n = len(token_ids)
         if visual is not None:
             cfg = self.model.config
@@ -232,7 +232,7 @@ class ModelRunner:
         mirror = self._table_on_device
         n = len(block_table)
         if n > self.max_blocks_per_seq:
-            raise ValueError(f"block table of {n} blocks exceeds {self.max_blocks_per_seq}")
+            raise ValueError(f'block table of {n} blocks exceeds {self.max_blocks_per_seq}')
         # Most steps the table is unchanged: one compare, no copy. It grows by one block
         # every block_size steps (only the new entry is copied); another table is copied whole.
         m = len(mirror)

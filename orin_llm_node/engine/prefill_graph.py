@@ -28,7 +28,7 @@ import torch
 
 from .cuda_graph import GraphCapture, pointer_key, replay_writes
 
-__all__ = ["DEFAULT_BUCKETS", "PrefillGraphs", "pad_like_graphs"]
+__all__ = ['DEFAULT_BUCKETS', 'PrefillGraphs', 'pad_like_graphs']
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +41,11 @@ class PrefillGraphs:
 
     def __init__(self, runner, buckets=DEFAULT_BUCKETS):
         if not buckets or any(b < 2 for b in buckets):
-            raise ValueError(f"prefill buckets must be lengths >= 2, got {buckets}")
+            raise ValueError(f'prefill buckets must be lengths >= 2, got {buckets}')
         self.runner = runner
         self.buckets = tuple(sorted(set(buckets)))
         dev, size = runner.device, self.buckets[-1]
-        i64 = {"dtype": torch.long, "device": dev}
+        i64 = {'dtype': torch.long, 'device': dev}
         self.input_ids = torch.zeros(size, **i64)
         self.positions = torch.zeros(3, size, **i64)
         self.slot_mapping = torch.full((size,), -1, **i64)
@@ -66,7 +66,7 @@ class PrefillGraphs:
         n = len(token_ids)
         size = self.bucket(n)
         if size is None:
-            raise ValueError(f"{n} tokens exceed the largest prefill bucket {self.buckets[-1]}")
+            raise ValueError(f'{n} tokens exceed the largest prefill bucket {self.buckets[-1]}')
         self._fill(token_ids, positions, block_table, num_cached, size)
         if not self.use_graphs:
             return self._forward(size)
@@ -92,8 +92,8 @@ class PrefillGraphs:
         r = self.runner
         n = len(token_ids)
         if len(block_table) > self.block_table.shape[0]:
-            raise ValueError(f"block table of {len(block_table)} blocks exceeds "
-                             f"{self.block_table.shape[0]}")
+            raise ValueError(f'block table of {len(block_table)} blocks exceeds '
+                             f'{self.block_table.shape[0]}')
         slots = np.full(size, -1, dtype=np.int64)
         slots[:n] = r.slot_mapping(block_table, num_cached, num_cached + n)
         ids = np.zeros(size, dtype=np.int64)
@@ -122,10 +122,10 @@ class PrefillGraphs:
         # is idempotent (it rewrites the same KV slots with the same values).
         eager = self._forward(size)
         graph, logits = self.capturer.capture(lambda: self._forward(size))
-        replay_writes(graph, (logits,), f"prefill graph of {size} tokens on {self.runner.device}")
+        replay_writes(graph, (logits,), f'prefill graph of {size} tokens on {self.runner.device}')
         self.graphs[size] = (graph, logits, pointer_key(self.runner))
         self.captures += 1
-        log.debug("prefill graph captured for %d tokens", size)
+        log.debug('prefill graph captured for %d tokens', size)
         return eager
 
 
@@ -138,5 +138,5 @@ def pad_like_graphs(runner, buckets=DEFAULT_BUCKETS) -> None:
     run the same kernels and must agree token for token.
     """
     if runner.cuda_graph_active:
-        raise ValueError("pad_like_graphs is for an eager runner; this one replays graphs")
+        raise ValueError('pad_like_graphs is for an eager runner; this one replays graphs')
     runner.prefill_graphs = PrefillGraphs(runner, buckets)

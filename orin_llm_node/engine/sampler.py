@@ -40,8 +40,8 @@ def _check_finite(top: float) -> None:
         raise NonFiniteLogits("the model's logits hold +inf (overflow in a float16 or "
                               "bfloat16 layer, or a broken checkpoint): no token to pick")
     if top == -math.inf:
-        raise NonFiniteLogits("every token is masked at this step (-inf logits): no token "
-                              "to pick")
+        raise NonFiniteLogits('every token is masked at this step (-inf logits): no token '
+                              'to pick')
 
 
 class Sampler:
@@ -77,7 +77,7 @@ class Sampler:
             self.grammar.fill_bitmask(self._words)
             logits = apply_bitmask(logits, torch.from_numpy(self._words).to(logits.device))
         if self.banned.numel():
-            logits = logits.index_fill(0, self.banned, float("-inf"))
+            logits = logits.index_fill(0, self.banned, float('-inf'))
         return self.pick(logits)
 
     def pick(self, logits: torch.Tensor) -> int:
@@ -96,13 +96,13 @@ class Sampler:
         logits = (logits.float() - top) / p.temperature
         if p.top_k and p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
+            logits = logits.masked_fill(logits < kth, float('-inf'))
         if p.top_p < 1.0:
             sorted_logits, order = torch.sort(logits, descending=True)
             sorted_probs = torch.softmax(sorted_logits, dim=-1)
             # Drop a token when the tokens before it already reach top_p (keeps >= 1 token).
             drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= p.top_p
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            sorted_logits = sorted_logits.masked_fill(drop, float('-inf'))
             logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
         # Gumbel-max: adding -log(E), E ~ Exp(1) from the seeded generator, to each logit and
         # taking the argmax draws a token with probability softmax(logits) exactly; -inf (a

@@ -42,29 +42,29 @@ import torch
 from orin_llm_node.bounded_json import MAX_DEPTH, depth, too_deep
 
 __all__ = [
-    "RESPONSE_FORMAT_TYPES",
-    "Grammar",
-    "GrammarDeadEnd",
-    "GrammarTokenizer",
-    "StructuredUnavailable",
-    "check_grammar",
-    "check_response_format",
-    "parse_answer",
-    "apply_bitmask",
-    "host_bitmask",
-    "structured_available",
+    'RESPONSE_FORMAT_TYPES',
+    'Grammar',
+    'GrammarDeadEnd',
+    'GrammarTokenizer',
+    'StructuredUnavailable',
+    'check_grammar',
+    'check_response_format',
+    'parse_answer',
+    'apply_bitmask',
+    'host_bitmask',
+    'structured_available',
 ]
 
-RESPONSE_FORMAT_TYPES = ("json_object", "json_schema", "regex")
+RESPONSE_FORMAT_TYPES = ('json_object', 'json_schema', 'regex')
 # Keys each type takes besides "type" (required ones first; json_schema's "name"/"strict" are
 # OpenAI's, accepted and ignored so that an OpenAI-style request works unchanged).
-_KEYS = {"json_object": ((), ()), "json_schema": (("schema",), ("name", "strict")),
-         "regex": (("pattern",), ())}
-INSTALL_HINT = "pip install llguidance (see requirements/runtime.txt)"
+_KEYS = {'json_object': ((), ()), 'json_schema': (('schema',), ('name', 'strict')),
+         'regex': (('pattern',), ())}
+INSTALL_HINT = 'pip install llguidance (see requirements/runtime.txt)'
 # Longest library detail written to the log for one refusal (its dumps echo the whole grammar).
 LOG_DETAIL_CHARS = 2000
 # Schema keywords that only annotate: their text never reaches an answer.
-_ANNOTATIONS = frozenset(("title", "description", "$comment", "examples", "default"))
+_ANNOTATIONS = frozenset(('title', 'description', '$comment', 'examples', 'default'))
 
 log = logging.getLogger(__name__)
 
@@ -96,25 +96,25 @@ def check_response_format(fmt) -> dict | None:
     if fmt is None or fmt == {}:
         return None
     if not isinstance(fmt, dict):
-        raise ValueError(f"response_format must be an object, got {type(fmt).__name__}")
+        raise ValueError(f'response_format must be an object, got {type(fmt).__name__}')
     if depth(fmt) > MAX_DEPTH:  # the library's limit; a far deeper dict crashes its converter
-        raise ValueError("response_format rejected: the schema nests too deeply for the "
-                         f"constrained decoder ({too_deep()})")
-    kind = fmt.get("type")
+        raise ValueError('response_format rejected: the schema nests too deeply for the '
+                         f'constrained decoder ({too_deep()})')
+    kind = fmt.get('type')
     if kind not in RESPONSE_FORMAT_TYPES:
         raise ValueError(f"response_format.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}"
                          f", got {kind!r}")
     required, optional = _KEYS[kind]
-    unknown = sorted(set(fmt) - {"type", *required, *optional})
+    unknown = sorted(set(fmt) - {'type', *required, *optional})
     if unknown:
         raise ValueError(f"response_format of type {kind} takes no key {', '.join(unknown)}")
     for key in required:
         if key not in fmt:
-            raise ValueError(f"response_format of type {kind} needs {key!r}")
-    if kind == "json_schema" and not isinstance(fmt["schema"], dict):
-        raise ValueError("response_format.schema must be a JSON Schema object")
-    if kind == "regex" and (not isinstance(fmt["pattern"], str) or not fmt["pattern"]):
-        raise ValueError("response_format.pattern must be a non-empty string")
+            raise ValueError(f'response_format of type {kind} needs {key!r}')
+    if kind == 'json_schema' and not isinstance(fmt['schema'], dict):
+        raise ValueError('response_format.schema must be a JSON Schema object')
+    if kind == 'regex' and (not isinstance(fmt['pattern'], str) or not fmt['pattern']):
+        raise ValueError('response_format.pattern must be a non-empty string')
     return fmt
 
 
@@ -127,7 +127,7 @@ def parse_answer(fmt: dict, text: str):
     keeps the digits as written. ``ValueError`` when the answer cannot be parsed at all (a JSON
     nesting deeper than Python's parser goes).
     """
-    if fmt["type"] == "regex":
+    if fmt['type'] == 'regex':
         return None
     try:
         return json.loads(text, parse_float=_finite_float, parse_int=_int_or_none)
@@ -159,7 +159,7 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
     if shifts is None:
         shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = torch.bitwise_and(torch.bitwise_right_shift(bitmask.unsqueeze(1), shifts), 1)
-    return logits.masked_fill(bits.reshape(-1)[:logits.shape[-1]] == 0, float("-inf"))
+    return logits.masked_fill(bits.reshape(-1)[:logits.shape[-1]] == 0, float('-inf'))
 
 
 def host_bitmask(vocab_size: int, allowed=None, banned=()) -> np.ndarray:
@@ -170,15 +170,15 @@ def host_bitmask(vocab_size: int, allowed=None, banned=()) -> np.ndarray:
     else:
         flags[list(allowed)] = True
     flags[list(banned)] = False
-    return np.packbits(flags.reshape(-1, 32), axis=1, bitorder="little").view(np.int32)[:, 0]
+    return np.packbits(flags.reshape(-1, 32), axis=1, bitorder='little').view(np.int32)[:, 0]
 
 
 def _grammar_text(matcher_class, fmt: dict) -> str:
     # The library's grammar for a checked response_format.
-    if fmt["type"] == "regex":
-        return matcher_class.grammar_from_regex(fmt["pattern"])
-    schema = fmt["schema"] if fmt["type"] == "json_schema" else {"type": "object"}
-    return matcher_class.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+    if fmt['type'] == 'regex':
+        return matcher_class.grammar_from_regex(fmt['pattern'])
+    schema = fmt['schema'] if fmt['type'] == 'json_schema' else {'type': 'object'}
+    return matcher_class.grammar_from_json_schema(schema, defaults={'whitespace_flexible': False})
 
 
 def check_grammar(fmt: dict) -> None:
@@ -194,7 +194,7 @@ def check_grammar(fmt: dict) -> None:
         import llguidance
     except ImportError:
         raise StructuredUnavailable(
-            f"constrained decoding needs llguidance, which is not installed: {INSTALL_HINT}"
+            f'constrained decoding needs llguidance, which is not installed: {INSTALL_HINT}'
         ) from None
     m = llguidance.LLMatcher
     try:
@@ -204,9 +204,9 @@ def check_grammar(fmt: dict) -> None:
     if error:
         # No log of the library's detail here: this check runs before the value is taken (the
         # command-line check prints only the one line); an answer's compile logs it.
-        what = "regex" if fmt["type"] == "regex" else "schema"
-        raise ValueError("response_format rejected: "
-                         f"{_library_reason(what, error, log_detail=False)}") from None
+        what = 'regex' if fmt['type'] == 'regex' else 'schema'
+        raise ValueError('response_format rejected: '
+                         f'{_library_reason(what, error, log_detail=False)}') from None
 
 
 class GrammarTokenizer:
@@ -223,7 +223,7 @@ class GrammarTokenizer:
             import llguidance
         except ImportError:
             raise StructuredUnavailable(
-                f"constrained decoding needs llguidance, which is not installed: {INSTALL_HINT}"
+                f'constrained decoding needs llguidance, which is not installed: {INSTALL_HINT}'
             ) from None
         self._ll = llguidance
         self.vocab_size = vocab_size
@@ -239,12 +239,12 @@ class GrammarTokenizer:
         never = control - set(self.stop_ids)
         self.answer_words = host_bitmask(vocab_size, banned=never)
         # Their text, which a grammar may not spell (ids without text read "<[id]>").
-        names = (tok.decode_bytes([i]).decode("utf-8", "replace")
+        names = (tok.decode_bytes([i]).decode('utf-8', 'replace')
                  for i in sorted(control | set(self.stop_ids)))
         self.control_texts = tuple(sorted(
-            {n for n in names if n and not re.fullmatch(r"<\[\d+\]>", n)}))
+            {n for n in names if n and not re.fullmatch(r'<\[\d+\]>', n)}))
 
-    def grammar(self, fmt: dict) -> "Grammar":
+    def grammar(self, fmt: dict) -> 'Grammar':
         """A fresh matcher for ``fmt`` (compiled now, ~1 ms); ``ValueError`` if it is invalid.
 
         Refused with one sentence (the library's detail is logged): a grammar the library
@@ -253,28 +253,28 @@ class GrammarTokenizer:
         tokens): fewer tokens, and no room for a model to pad an answer with blank lines until
         it runs out of tokens.
         """
-        what = "regex" if fmt["type"] == "regex" else "schema"
+        what = 'regex' if fmt['type'] == 'regex' else 'schema'
         spelt = self._control_text(fmt)
         if spelt is not None:
-            raise ValueError(f"response_format rejected: the {what} spells the control token "
-                             f"{spelt!r}, which no answer can hold as text")
+            raise ValueError(f'response_format rejected: the {what} spells the control token '
+                             f'{spelt!r}, which no answer can hold as text')
         m = self._ll.LLMatcher
         try:
             matcher = m(self.tokenizer, _grammar_text(m, fmt), log_level=0)
         except (ValueError, TypeError) as exc:  # the library's own checks
-            raise ValueError(f"response_format rejected: {_library_reason(what, str(exc))}"
+            raise ValueError(f'response_format rejected: {_library_reason(what, str(exc))}'
                              ) from None
         if matcher.is_error():
-            raise ValueError(f"response_format rejected: "
-                             f"{_library_reason(what, matcher.get_error())}")
+            raise ValueError(f'response_format rejected: '
+                             f'{_library_reason(what, matcher.get_error())}')
         grammar = Grammar(matcher, self.vocab_size, self.stop_ids, self.answer_words, what)
         try:  # the first mask: a grammar that matches no text has nothing to offer
             grammar.fill_bitmask(np.empty(grammar.words, dtype=np.int32))
         except GrammarDeadEnd as exc:
-            raise ValueError(f"response_format rejected: {exc}") from None
+            raise ValueError(f'response_format rejected: {exc}') from None
         return grammar
 
-    def lark(self, text: str, what: str, place_ids=()) -> "Grammar":
+    def lark(self, text: str, what: str, place_ids=()) -> 'Grammar':
         """A fresh matcher for one of the engine's own lark grammars (e.g. a tool call's).
 
         ``place_ids``: control-like tokens the grammar places itself (``<[id]>``), the only
@@ -296,14 +296,14 @@ class GrammarTokenizer:
         # that can shape an answer, or in a pattern read as literal text (escapes and
         # one-character classes such as ``[|]`` resolved). Literal spellings only: one the
         # library still forces is a dead end when reached (Grammar.fill_bitmask).
-        if fmt["type"] == "regex":
-            strings = [fmt["pattern"]]
-        elif fmt["type"] == "json_schema":
-            strings = _schema_strings(fmt["schema"])
+        if fmt['type'] == 'regex':
+            strings = [fmt['pattern']]
+        elif fmt['type'] == 'json_schema':
+            strings = _schema_strings(fmt['schema'])
         else:
             return None
-        text = "\0".join(strings)
-        text += "\0" + re.sub(r"\\(\W)", r"\1", re.sub(r"\[(\\?[^\]\\])\]", r"\1", text))
+        text = '\0'.join(strings)
+        text += '\0' + re.sub(r'\\(\W)', r'\1', re.sub(r'\[(\\?[^\]\\])\]', r'\1', text))
         return next((name for name in self.control_texts if name in text), None)
 
 
@@ -327,14 +327,14 @@ def _schema_strings(schema) -> list[str]:
 
 # The library's messages for the limits a grammar can hit, by the words that name them.
 _LIMITS = (
-    ("too many expressions", "the {what} is too big: its regular expressions expand beyond "
+    ('too many expressions', "the {what} is too big: its regular expressions expand beyond "
                              "the constrained decoder's limit"),
-    ("too big", "the {what} is too large: its grammar is beyond the constrained decoder's "
+    ('too big', "the {what} is too large: its grammar is beyond the constrained decoder's "
                 "size limit"),
-    ("recursion limit", "the {what} nests too deeply for the constrained decoder"),
+    ('recursion limit', 'the {what} nests too deeply for the constrained decoder'),
 )
 # How the library's message starts when a grammar admits no text from where it stands.
-_NO_EXTENSION = "NoExtension"
+_NO_EXTENSION = 'NoExtension'
 
 
 def _library_reason(what: str, detail: str, log_detail: bool = True) -> str:
@@ -346,24 +346,24 @@ def _library_reason(what: str, detail: str, log_detail: bool = True) -> str:
     goes to the log.
     """
     if log_detail:
-        log.warning("llguidance on a response_format %s: %s", what,
+        log.warning('llguidance on a response_format %s: %s', what,
                     _cut(detail, LOG_DETAIL_CHARS))
-    head = detail.split("<state>", 1)[0]  # what follows is the parser's state and the grammar
+    head = detail.split('<state>', 1)[0]  # what follows is the parser's state and the grammar
     for words, sentence in _LIMITS:
         if words in head:
             return sentence.format(what=what)
     lines = [line.strip() for line in head.splitlines() if line.strip()]
     if not lines:
-        return f"the library refused the {what}"
-    if "regex parse error" in head:
-        said = next((line for line in lines if line.startswith("error:")), lines[0])
-        subject = "the regex" if what == "regex" else "a regular expression in the schema"
+        return f'the library refused the {what}'
+    if 'regex parse error' in head:
+        said = next((line for line in lines if line.startswith('error:')), lines[0])
+        subject = 'the regex' if what == 'regex' else 'a regular expression in the schema'
         return _cut(f"{subject} does not parse: {said.removeprefix('error:').strip()}", 200)
-    return _cut(f"the library refused the {what}: {lines[0]}", 200)
+    return _cut(f'the library refused the {what}: {lines[0]}', 200)
 
 
 def _cut(text: str, n: int) -> str:
-    return text if len(text) <= n else text[:n - 3] + "..."
+    return text if len(text) <= n else text[:n - 3] + '...'
 
 
 class Grammar:
@@ -389,7 +389,7 @@ class Grammar:
         :class:`GrammarDeadEnd` when no token is allowed.
         """
         if out.dtype != np.int32 or out.shape != (self.words,) or not out.flags.c_contiguous:
-            raise ValueError(f"bitmask must be contiguous int32 [{self.words}]")
+            raise ValueError(f'bitmask must be contiguous int32 [{self.words}]')
         # Written in place (the library drops the GIL meanwhile); no copy.
         self.matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
         np.bitwise_and(out, self.answer_words, out=out)
@@ -411,20 +411,20 @@ class Grammar:
         if consuming:
             where = f"on the answer's token {n + 1}"
         else:
-            where = ("at its start" if not n else "after the answer's first token" if n == 1
+            where = ('at its start' if not n else "after the answer's first token" if n == 1
                      else f"after the answer's first {n} tokens")
         if self.matcher.is_error():
             detail = self.matcher.get_error()
             if not detail.startswith(_NO_EXTENSION):
-                return f"{_library_reason(self.what, detail)} ({where})"
-            log.warning("llguidance on a response_format %s: %s", self.what,
+                return f'{_library_reason(self.what, detail)} ({where})'
+            log.warning('llguidance on a response_format %s: %s', self.what,
                         _cut(detail, LOG_DETAIL_CHARS))
-            if self.what == "regex":
+            if self.what == 'regex':
                 return f"the regex matches no text {'at all' if not n else where}"
             return (f"the schema admits no JSON value {'at all' if not n else where}"
                     " (e.g. a $ref that only leads back to itself: the recursion never ends)")
-        return (f"the {self.what} allows no token {where}: what it asks for next is spelt "
-                "only by a control token, or by no token of the vocabulary")
+        return (f'the {self.what} allows no token {where}: what it asks for next is spelt '
+                'only by a control token, or by no token of the vocabulary')
 
     def accept(self, token: int) -> None:
         """Advance by ``token`` (one the last mask allowed).

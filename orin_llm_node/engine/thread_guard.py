@@ -11,7 +11,7 @@ closed or is garbage-collected, so a stream abandoned mid-way keeps the engine t
 from contextlib import contextmanager
 import threading
 
-__all__ = ["SingleThreadGuard"]
+__all__ = ['SingleThreadGuard']
 
 
 class SingleThreadGuard:
@@ -35,7 +35,7 @@ class SingleThreadGuard:
     def peek_closed(self, what: str) -> None:
         """``RuntimeError`` if the engine was closed (for calls any thread may make)."""
         if self.closed:
-            raise RuntimeError(f"LLMEngine.{what}() called after close()")
+            raise RuntimeError(f'LLMEngine.{what}() called after close()')
 
     def _refuse(self, what: str) -> None:
         self.peek_closed(what)
@@ -43,12 +43,12 @@ class SingleThreadGuard:
         me = threading.current_thread()
         if ident == me.ident:
             raise RuntimeError(
-                f"LLMEngine.{what}() called while {doing}() is still running on this thread "
-                "(a chat_stream generator not run to its end: finish it or close() it first)")
+                f'LLMEngine.{what}() called while {doing}() is still running on this thread '
+                '(a chat_stream generator not run to its end: finish it or close() it first)')
         raise RuntimeError(
-            f"LLMEngine is single-threaded: {what}() called on thread {me.name!r} while "
-            f"{doing}() is running on thread {name!r}; call the engine from one thread "
-            "(cancel() is the one call other threads may make)")
+            f'LLMEngine is single-threaded: {what}() called on thread {me.name!r} while '
+            f'{doing}() is running on thread {name!r}; call the engine from one thread '
+            '(cancel() is the one call other threads may make)')
 
     @contextmanager
     def hold(self, what: str):

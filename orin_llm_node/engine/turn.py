@@ -24,7 +24,7 @@ from .finish_reason import FinishReason
 from .sampler import NonFiniteLogits, Sampler
 from .structured import parse_answer
 
-__all__ = ["ChatResult", "StreamEvent", "TurnLoop", "TurnState", "check_message", "check_text"]
+__all__ = ['ChatResult', 'StreamEvent', 'TurnLoop', 'TurnState', 'check_message', 'check_text']
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +91,12 @@ class StreamEvent:
 def check_text(what: str, text) -> None:
     """``ValueError`` unless ``text`` is a str that encodes to UTF-8 (no lone surrogates)."""
     if not isinstance(text, str):
-        raise ValueError(f"{what} must be a str, got {type(text).__name__}")
+        raise ValueError(f'{what} must be a str, got {type(text).__name__}')
     try:
-        text.encode("utf-8")
+        text.encode('utf-8')
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{what} is not valid Unicode: lone surrogate {text[exc.start]!r} "
-                         f"at index {exc.start}") from None
+        raise ValueError(f'{what} is not valid Unicode: lone surrogate {text[exc.start]!r} '
+                         f'at index {exc.start}') from None
 
 
 def check_message(text, images, videos, tool_results=None) -> None:
@@ -109,23 +109,23 @@ def check_message(text, images, videos, tool_results=None) -> None:
     if isinstance(text, (list, tuple)):  # interleaved parts: text, images, clips
         for part in text:
             if isinstance(part, str):
-                check_text("text", part)
+                check_text('text', part)
     elif text is not None:
-        check_text("text", text)
+        check_text('text', text)
     for result in tool_results if isinstance(tool_results, (list, tuple)) else []:
-        content = result.get("content") if isinstance(result, dict) else None
+        content = result.get('content') if isinstance(result, dict) else None
         for part in content if isinstance(content, (list, tuple)) else [content]:
             if isinstance(part, str):
-                check_text("tool result", part)
+                check_text('tool result', part)
     if isinstance(images, np.ndarray):
-        raise ValueError("images must be a list of H x W x 3 uint8 arrays, got one bare "
-                         "array (pass [image])")
+        raise ValueError('images must be a list of H x W x 3 uint8 arrays, got one bare '
+                         'array (pass [image])')
     if isinstance(videos, VideoClip):
-        raise ValueError("videos must be a list of VideoClips, got one bare clip "
-                         "(pass [clip])")
+        raise ValueError('videos must be a list of VideoClips, got one bare clip '
+                         '(pass [clip])')
     for clip in videos or []:
         if not isinstance(clip, VideoClip):
-            raise ValueError(f"videos must hold VideoClips, got {type(clip).__name__}")
+            raise ValueError(f'videos must hold VideoClips, got {type(clip).__name__}')
 
 
 def prompt_media(spans) -> tuple[list[np.ndarray], list[VideoClip]]:
@@ -152,12 +152,12 @@ class TurnState:
         self.response_format: dict | None = None
         self.grammar = None  # structured.Grammar of a constrained answer
         self.shape = None  # answer_shape.AnswerShape: what shapes the answer
-        self.tail = ""
+        self.tail = ''
         self.result: ChatResult | None = None
 
     def no_token(self, exc: NonFiniteLogits) -> None:
         """End the answer: a step's logits left nothing to pick (the engine goes on)."""
-        log.warning("answer ended after %d tokens: %s", len(self.token_ids), exc)
+        log.warning('answer ended after %d tokens: %s', len(self.token_ids), exc)
         self.finish, self.error = FinishReason.ERROR, str(exc)
 
 
@@ -174,10 +174,10 @@ class TurnLoop:
 
     def refused(self, conv: Conversation, turn, plan) -> ChatResult:
         """The result of a turn the KV books would not admit (``plan.refused``)."""
-        log.warning("prompt not run (%s): %s", plan.refused, plan.reason)
+        log.warning('prompt not run (%s): %s', plan.refused, plan.reason)
         tokens, spans = conv.without_oldest(0, turn)
         images, videos = prompt_media(spans)
-        return ChatResult("", [], tokens, images, plan.refused, prompt_videos=videos,
+        return ChatResult('', [], tokens, images, plan.refused, prompt_videos=videos,
                           error=plan.reason)
 
     def vision_rows(self, spans, start: int, fresh) -> tuple[VisionOutput | None, float]:
@@ -209,7 +209,7 @@ class TurnLoop:
                 tuple(torch.cat(level) for level in zip(*(p.deepstack for p in parts),
                                                          strict=True)),
             )]
-        if self.device.type == "cuda":
+        if self.device.type == 'cuda':
             torch.cuda.synchronize(self.device)
         return parts[0], time.perf_counter() - t0
 
@@ -276,7 +276,7 @@ class TurnLoop:
                 return
             context = len(conv.token_ids)
             if not kv.extend(conv, context):
-                log.warning("KV pool exhausted: answer truncated after %d tokens", len(gen))
+                log.warning('KV pool exhausted: answer truncated after %d tokens', len(gen))
                 state.finish = FinishReason.KV_EXHAUSTED
                 return
             # Under a CUDA graph the token mask is applied inside the graph (greedy: the argmax
@@ -305,8 +305,8 @@ class TurnLoop:
         parsed) leaves none (:meth:`roll_back` to ``before``).
         """
         state.finish = state.finish or FinishReason.CANCELLED
-        state.tail = state.detok.flush() if state.detok else ""
-        text = state.detok.text if state.detok else ""
+        state.tail = state.detok.flush() if state.detok else ''
+        text = state.detok.text if state.detok else ''
         valid = parsed = None
         if state.grammar is not None:
             valid = state.finish == FinishReason.STOP and state.grammar.complete

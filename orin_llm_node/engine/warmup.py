@@ -15,7 +15,7 @@ import torch
 
 from .sampler import NonFiniteLogits
 
-__all__ = ["COMMON_FRAME_SIZES", "throwaway_turn", "vision_grids"]
+__all__ = ['COMMON_FRAME_SIZES', 'throwaway_turn', 'vision_grids']
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +56,13 @@ def throwaway_turn(runner, prompts, pool, sampler, frame_size, max_model_len: in
     nothing) when the turn does not fit ``max_model_len`` or the pool's free blocks.
     """
     frames = [] if frame_size is None else [np.full((*frame_size, 3), 127, np.uint8)]
-    turn = prompts.user_turn([], ["Hi"], frames)
+    turn = prompts.user_turn([], ['Hi'], frames)
     tokens = turn.token_ids
     # The prompt and the decode step's token; plain free blocks only, so no cached block
     # is evicted (allocation hands those out first).
     needed = -(-(len(tokens) + 1) // pool.block_size)
     if len(tokens) + 1 > max_model_len or needed > pool.num_free:
-        log.info("warm-up: no throw-away turn (%d tokens, %d free KV blocks)", len(tokens),
+        log.info('warm-up: no throw-away turn (%d tokens, %d free KV blocks)', len(tokens),
                  pool.num_free)
         return False
     table = [pool.allocate() for _ in range(needed)]
@@ -78,8 +78,8 @@ def throwaway_turn(runner, prompts, pool, sampler, frame_size, max_model_len: in
             token = sampler(logits)
             runner.decode_sample(token, next_pos, table, len(tokens) + 1, sampler)
         except NonFiniteLogits as exc:  # random or broken weights: the device work ran
-            log.warning("warm-up turn: %s", exc)
-        if runner.device.type == "cuda":
+            log.warning('warm-up turn: %s', exc)
+        if runner.device.type == 'cuda':
             torch.cuda.synchronize(runner.device)
     finally:
         pool.release(table)

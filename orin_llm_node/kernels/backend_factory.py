@@ -16,12 +16,12 @@ import torch
 from orin_llm_node.attention.base import AttentionBackend
 from orin_llm_node.attention.torch_backend import TorchPagedAttention
 
-__all__ = ["ATTENTION_BACKENDS", "BackendChoice", "make_attention_backend"]
+__all__ = ['ATTENTION_BACKENDS', 'BackendChoice', 'make_attention_backend']
 
 log = logging.getLogger(__name__)
 
 #: Values of ``EngineConfig.attention_backend``.
-ATTENTION_BACKENDS = ("auto", "cuda", "torch")
+ATTENTION_BACKENDS = ('auto', 'cuda', 'torch')
 
 
 class BackendChoice(NamedTuple):
@@ -37,7 +37,7 @@ class BackendChoice(NamedTuple):
 
 
 def make_attention_backend(kv_cache: torch.Tensor, num_q_heads: int, max_model_len: int,
-                           choice: str = "auto", launcher=None) -> BackendChoice:
+                           choice: str = 'auto', launcher=None) -> BackendChoice:
     """The paged attention backend over ``kv_cache`` and, with it, the fused layer ops.
 
     ``choice`` (:data:`ATTENTION_BACKENDS`):
@@ -55,12 +55,12 @@ def make_attention_backend(kv_cache: torch.Tensor, num_q_heads: int, max_model_l
     the CPU kernel emulator's, or one that fails as CuPy does.
     """
     if choice not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {choice!r}")
-    if choice == "torch":
+        raise ValueError(f'attention_backend must be one of {ATTENTION_BACKENDS}, got {choice!r}')
+    if choice == 'torch':
         return BackendChoice(TorchPagedAttention(kv_cache), None, None)
     if launcher is None:
-        if kv_cache.device.type != "cuda":
-            if choice == "cuda":
+        if kv_cache.device.type != 'cuda':
+            if choice == 'cuda':
                 raise ValueError("attention_backend 'cuda' needs a CUDA device, the KV cache is "
                                  f"on {kv_cache.device} (use 'auto' or 'torch')")
             return BackendChoice(TorchPagedAttention(kv_cache), None, None)
@@ -70,8 +70,8 @@ def make_attention_backend(kv_cache: torch.Tensor, num_q_heads: int, max_model_l
                              None)
     except Exception as exc:  # CuPy raises many types: import, NVRTC, driver, load
         lines = str(exc).strip().splitlines()
-        reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-        if choice == "cuda":
+        reason = f'{type(exc).__name__}: {lines[0]}' if lines else type(exc).__name__
+        if choice == 'cuda':
             raise RuntimeError(f"attention_backend 'cuda': the CUDA kernels cannot run on "
                                f"{kv_cache.device}: {reason}") from exc
     log.warning("CUDA kernels unavailable on %s, attention runs on torch without CUDA graphs "

@@ -37,22 +37,22 @@ from orin_llm_node.layers.layernorm import add_rms_norm, rms_norm
 from . import kernel_sources as ks
 from .dispatch import tensor_device
 
-__all__ = ["DEFAULT_KERNEL_CACHE", "GEMV_MAX_ROWS", "TORCH_DTYPES", "FusedOps", "LaunchCounter",
-           "cupy_available", "external_stream", "kernel_cache", "kernel_launcher",
-           "load_kernels"]
+__all__ = ['DEFAULT_KERNEL_CACHE', 'GEMV_MAX_ROWS', 'TORCH_DTYPES', 'FusedOps', 'LaunchCounter',
+           'cupy_available', 'external_stream', 'kernel_cache', 'kernel_launcher',
+           'load_kernels']
 
 #: Most activation rows the quantized GEMV serves; beyond (prefill), dequantise + matmul (the
 #: GEMV re-reads the weight once per row).
 GEMV_MAX_ROWS = 4
 #: torch dtype -> kernel_sources dtype name, for every dtype the kernels are built for.
 TORCH_DTYPES = {
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
+    torch.float16: 'float16',
+    torch.bfloat16: 'bfloat16',
+    torch.float32: 'float32',
 }
 #: Where CuPy keeps compiled modules when ``CUPY_CACHE_DIR`` is unset (CuPy's documented
 #: default, CuPy 13 and 14 alike).
-DEFAULT_KERNEL_CACHE = "~/.cupy/kernel_cache"
+DEFAULT_KERNEL_CACHE = '~/.cupy/kernel_cache'
 
 
 def _import_cupy():
@@ -60,8 +60,8 @@ def _import_cupy():
         import cupy
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise RuntimeError(
-            "the CUDA kernels need CuPy: pip install cupy-cuda12x (CUDA 12, JetPack 6) or "
-            "cupy-cuda13x (CUDA 13)"
+            'the CUDA kernels need CuPy: pip install cupy-cuda12x (CUDA 12, JetPack 6) or '
+            'cupy-cuda13x (CUDA 13)'
         ) from exc
     return cupy
 
@@ -116,7 +116,7 @@ def load_kernels(dtype: str, head_dim: int, device_index: int) -> dict:
 class _StreamHandle:
     """A raw ``cudaStream_t`` through the CUDA stream protocol (``__cuda_stream__``, v0)."""
 
-    __slots__ = ("ptr",)
+    __slots__ = ('ptr',)
 
     def __init__(self, ptr: int) -> None:
         self.ptr = ptr
@@ -133,7 +133,7 @@ def external_stream(cupy, ptr: int, device_index: int):
     (cupy-cuda12x with NumPy 1.x on JetPack 6) has only ``ExternalStream``, not deprecated
     there.
     """
-    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    from_external = getattr(cupy.cuda.Stream, 'from_external', None)
     if from_external is None:
         return cupy.cuda.ExternalStream(ptr, device_index)
     return from_external(_StreamHandle(ptr))
@@ -210,7 +210,7 @@ class FusedOps:
     def __init__(self, dtype: torch.dtype, head_dim: int, device: torch.device,
                  launch=None) -> None:
         if dtype not in TORCH_DTYPES:
-            raise ValueError(f"fused kernels support {list(TORCH_DTYPES)}, got {dtype}")
+            raise ValueError(f'fused kernels support {list(TORCH_DTYPES)}, got {dtype}')
         # The ops compare each input's device with this one: ``cuda`` would match no tensor
         # (they report ``cuda:0``) and every op would quietly run its torch body.
         self.dtype, self.device = dtype, tensor_device(device)
@@ -232,7 +232,7 @@ class FusedOps:
             return rms_norm(x, weight, eps)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if x.shape[0]:
-            self._launch("rms_norm", (x.shape[0],), (self._norm_threads(x.shape[1]),),
+            self._launch('rms_norm', (x.shape[0],), (self._norm_threads(x.shape[1]),),
                          (out.data_ptr(), x.data_ptr(), weight.data_ptr(),
                           np.int32(x.shape[1]), np.int64(x.stride(0)), np.int64(out.stride(0)),
                           np.float32(eps)))
@@ -246,7 +246,7 @@ class FusedOps:
             return add_rms_norm(x, residual, weight, eps)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if x.shape[0]:
-            self._launch("add_rms_norm", (x.shape[0],), (self._norm_threads(x.shape[1]),),
+            self._launch('add_rms_norm', (x.shape[0],), (self._norm_threads(x.shape[1]),),
                          (out.data_ptr(), residual.data_ptr(), x.data_ptr(), weight.data_ptr(),
                           np.int32(x.shape[1]), np.int64(x.stride(0)),
                           np.int64(residual.stride(0)), np.int64(out.stride(0)),
@@ -261,7 +261,7 @@ class FusedOps:
         out = torch.empty(n, cols, dtype=x.dtype, device=x.device)
         if n:
             per_cta = ks.NUM_THREADS * self._vec
-            self._launch("silu_and_mul", (n, -(-cols // per_cta)), (ks.NUM_THREADS,),
+            self._launch('silu_and_mul', (n, -(-cols // per_cta)), (ks.NUM_THREADS,),
                          (out.data_ptr(), x.data_ptr(), np.int32(cols), np.int64(x.stride(0)),
                           np.int64(out.stride(0))))
         return out
@@ -292,14 +292,14 @@ class FusedOps:
         threads = ks.GEMV_WARPS * 32
         if 0 < rows <= GEMV_MAX_ROWS:
             out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-            self._launch(f"quant_gemv_{layer.format}", (math.ceil(n / ks.GEMV_WARPS), rows),
+            self._launch(f'quant_gemv_{layer.format}', (math.ceil(n / ks.GEMV_WARPS), rows),
                          (threads,),
                          (out.data_ptr(), x2.data_ptr(), layer.qweight.data_ptr(),
                           layer.scale.data_ptr(), zeros, 0 if bias is None else bias.data_ptr(),
                           *shape, np.int64(k), np.int64(n)))
             return out.view(*lead, n)
         weight = torch.empty(n, k, dtype=x.dtype, device=x.device)
-        self._launch(f"quant_dequant_{layer.format}",
+        self._launch(f'quant_dequant_{layer.format}',
                      (max(1, math.ceil(n * k // layer.chunk / threads)),), (threads,),
                      (weight.data_ptr(), layer.qweight.data_ptr(), layer.scale.data_ptr(), zeros,
                       *shape))
@@ -314,18 +314,18 @@ def kernel_cache() -> dict:
     ``CUPY_CACHE_IN_MEMORY`` turns the disk cache off; ``writable``: whether this process can
     add to it (missing directories are created by CuPy); ``modules``: compiled modules there.
     """
-    path = Path(os.environ.get("CUPY_CACHE_DIR") or DEFAULT_KERNEL_CACHE).expanduser()
+    path = Path(os.environ.get('CUPY_CACHE_DIR') or DEFAULT_KERNEL_CACHE).expanduser()
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     try:  # as CuPy reads its flags: an integer equal to 1
-        in_memory = int(os.environ.get("CUPY_CACHE_IN_MEMORY") or 0) == 1
+        in_memory = int(os.environ.get('CUPY_CACHE_IN_MEMORY') or 0) == 1
     except ValueError:
         in_memory = False
-    modules = len(list(path.glob("*.cubin"))) if path.is_dir() else 0
-    return {"dir": str(path), "in_memory": in_memory,
-            "writable": existing.is_dir() and os.access(existing, os.W_OK | os.X_OK),
-            "modules": modules}
+    modules = len(list(path.glob('*.cubin'))) if path.is_dir() else 0
+    return {'dir': str(path), 'in_memory': in_memory,
+            'writable': existing.is_dir() and os.access(existing, os.W_OK | os.X_OK),
+            'modules': modules}
 
 
 def versions() -> dict:
@@ -340,14 +340,14 @@ def versions() -> dict:
         return {}
 
     def dotted(v):
-        return f"{v // 1000}.{v % 1000 // 10}"
+        return f'{v // 1000}.{v % 1000 // 10}'
 
-    out = {"cupy": cupy.__version__, "cuda_root": cupy.cuda.get_cuda_path()}
-    for key, read in (("cuda_driver", lambda: dotted(cupy.cuda.runtime.driverGetVersion())),
-                      ("cuda_runtime", lambda: dotted(cupy.cuda.runtime.runtimeGetVersion())),
-                      ("nvrtc", lambda: ".".join(map(str, cupy.cuda.nvrtc.getVersion())))):
+    out = {'cupy': cupy.__version__, 'cuda_root': cupy.cuda.get_cuda_path()}
+    for key, read in (('cuda_driver', lambda: dotted(cupy.cuda.runtime.driverGetVersion())),
+                      ('cuda_runtime', lambda: dotted(cupy.cuda.runtime.runtimeGetVersion())),
+                      ('nvrtc', lambda: '.'.join(map(str, cupy.cuda.nvrtc.getVersion())))):
         try:
             out[key] = read()
         except Exception as exc:  # noqa: BLE001 - a broken CUDA install is what we report
-            out[key] = f"unavailable ({exc})"
+            out[key] = f'unavailable ({exc})'
     return out

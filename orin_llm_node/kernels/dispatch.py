@@ -17,12 +17,12 @@ from contextvars import ContextVar
 
 import torch
 
-__all__ = ["Installed", "installed", "kernels_for", "tensor_device"]
+__all__ = ['Installed', 'installed', 'kernels_for', 'tensor_device']
 
 # (device, dtype) -> kernels, for the code running inside ``installed`` blocks. A context
 # variable, not a module dict: each thread starts with nothing installed, and a block's
 # exit restores exactly what was there before it.
-_installed: ContextVar[dict | None] = ContextVar("fused_kernels", default=None)
+_installed: ContextVar[dict | None] = ContextVar('fused_kernels', default=None)
 
 
 def tensor_device(device: torch.device | str) -> torch.device:
@@ -33,10 +33,10 @@ def tensor_device(device: torch.device | str) -> torch.device:
     ``cpu`` without an index, so ``cpu:0`` drops it.
     """
     device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    if device.type == "cpu" and device.index is not None:
-        return torch.device("cpu")
+    if device.type == 'cuda' and device.index is None:
+        return torch.device('cuda', torch.cuda.current_device())
+    if device.type == 'cpu' and device.index is not None:
+        return torch.device('cpu')
     return device
 
 
@@ -48,7 +48,7 @@ class Installed:
     lookup. Blocks may nest; one instance is entered by one thread at a time.
     """
 
-    __slots__ = ("kernels", "_table", "_tokens")
+    __slots__ = ('kernels', '_table', '_tokens')
 
     def __init__(self, device: torch.device | str, dtype: torch.dtype, kernels):
         self.kernels = kernels

@@ -23,32 +23,32 @@ import re
 from orin_llm_node.package_files import share_dir
 
 __all__ = [
-    "CUPY_OPTIONS",
-    "DTYPE_IDS",
-    "GEMV_WARPS",
-    "HEAD_DIMS",
-    "KERNEL_FILES",
-    "MAX_GROUP",
-    "NUM_THREADS",
-    "PARTITION_SIZE",
-    "PREFILL_ROWS",
-    "PREFILL_ROWS_PER_WARP",
-    "PREFILL_TC_KV_TILE",
-    "PREFILL_TC_ROWS",
-    "QUANT_KERNEL_FILES",
-    "SPLIT_MIN_TOKENS",
-    "TARGET_SMS",
-    "KernelVariant",
-    "kernel_source",
-    "kernels_dir",
-    "prefill_rows",
-    "quant_variant",
-    "runtime_variants",
-    "variant",
+    'CUPY_OPTIONS',
+    'DTYPE_IDS',
+    'GEMV_WARPS',
+    'HEAD_DIMS',
+    'KERNEL_FILES',
+    'MAX_GROUP',
+    'NUM_THREADS',
+    'PARTITION_SIZE',
+    'PREFILL_ROWS',
+    'PREFILL_ROWS_PER_WARP',
+    'PREFILL_TC_KV_TILE',
+    'PREFILL_TC_ROWS',
+    'QUANT_KERNEL_FILES',
+    'SPLIT_MIN_TOKENS',
+    'TARGET_SMS',
+    'KernelVariant',
+    'kernel_source',
+    'kernels_dir',
+    'prefill_rows',
+    'quant_variant',
+    'runtime_variants',
+    'variant',
 ]
 
 #: Element types of activations / KV cache (torch dtype names) -> ``KV_DTYPE_ID``.
-DTYPE_IDS = {"float16": 0, "bfloat16": 1, "float32": 2}
+DTYPE_IDS = {'float16': 0, 'bfloat16': 1, 'float32': 2}
 #: Head dimensions the runtime compiles (128: every Qwen3-VL size; 32: the tiny test models).
 HEAD_DIMS = (32, 64, 128)
 #: Tokens per shared-memory pass of a decode split (shared memory is sized by it).
@@ -66,12 +66,12 @@ NUM_THREADS = 128
 #: rms_norm.cu and silu_mul.cu do not depend on HEAD_DIM; they are built with each variant
 #: anyway (one module per variant keeps a single compile path).
 KERNEL_FILES = {
-    "kv_write.cu": ("kv_write",),
-    "paged_decode.cu": ("paged_decode_split", "paged_decode_reduce"),
-    "paged_prefill.cu": ("paged_prefill",),
-    "qk_norm_rope_kv.cu": ("qk_norm_rope_kv_write",),
-    "rms_norm.cu": ("rms_norm", "add_rms_norm"),
-    "silu_mul.cu": ("silu_and_mul",),
+    'kv_write.cu': ('kv_write',),
+    'paged_decode.cu': ('paged_decode_split', 'paged_decode_reduce'),
+    'paged_prefill.cu': ('paged_prefill',),
+    'qk_norm_rope_kv.cu': ('qk_norm_rope_kv_write',),
+    'rms_norm.cu': ('rms_norm', 'add_rms_norm'),
+    'silu_mul.cu': ('silu_and_mul',),
 }
 #: Query rows ((token, head) pairs of one KV head) that each warp of the fp32 (CUDA-core)
 #: paged_prefill scores.
@@ -88,8 +88,8 @@ PREFILL_TC_KV_TILE = 64
 GEMV_WARPS = 4
 #: Kernel files compiled per activation dtype only (weight-only quantized linear layers).
 QUANT_KERNEL_FILES = {
-    "quant_linear.cu": tuple(f"quant_{op}_{fmt}" for fmt in ("int8", "int4", "fp8")
-                             for op in ("gemv", "dequant")),
+    'quant_linear.cu': tuple(f'quant_{op}_{fmt}' for fmt in ('int8', 'int4', 'fp8')
+                             for op in ('gemv', 'dequant')),
 }
 
 #: What ``cupy.RawModule(code=..., options=...)`` appends to the caller's options, CuPy 13 and
@@ -102,7 +102,7 @@ QUANT_KERNEL_FILES = {
 #: and, only if CUPY_NVRTC_USE_PCH is set, --pch: the sources include nothing, so neither can
 #: change the code (test_nvrtc_compile checks the sources are self-contained). Our
 #: ``-std=c++17`` stops CuPy from adding its own ``--std``.
-CUPY_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")
+CUPY_OPTIONS = ('-ftz=true', '--device-as-default-execution-space')
 #: Compute capabilities the kernels are checked for without a GPU: Orin (8.7), Hopper (9.0).
 TARGET_SMS = (87, 90)
 
@@ -111,7 +111,7 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 def kernels_dir() -> Path:
     """The ``cuda_kernels`` directory of this copy of the package (checkout or install)."""
-    return share_dir() / "cuda_kernels"
+    return share_dir() / 'cuda_kernels'
 
 
 def _read_inlined(path: Path) -> str:
@@ -128,7 +128,7 @@ def kernel_source(name: str, directory: Path | None = None) -> str:
     """The source text of ``cuda_kernels/<name>`` with its local ``#include "..."`` inlined."""
     path = (directory or kernels_dir()) / name
     if not path.is_file():
-        raise FileNotFoundError(f"no kernel source {path}")
+        raise FileNotFoundError(f'no kernel source {path}')
     return _read_inlined(path.resolve())
 
 
@@ -148,7 +148,7 @@ class KernelVariant:
 
         Ours, then CuPy's (:data:`CUPY_OPTIONS`), then a cubin for that SM (87: Orin, 90: Hopper).
         """
-        return (*self.options, *CUPY_OPTIONS, f"-arch=sm_{sm}")
+        return (*self.options, *CUPY_OPTIONS, f'-arch=sm_{sm}')
 
 
 def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None) -> KernelVariant:
@@ -158,22 +158,22 @@ def variant(file: str, dtype: str, head_dim: int, directory: Path | None = None)
     adds them, see :data:`CUPY_OPTIONS` and ``KernelVariant.nvrtc_options``).
     """
     if file not in KERNEL_FILES:
-        raise ValueError(f"unknown kernel file {file!r}; expected one of {sorted(KERNEL_FILES)}")
+        raise ValueError(f'unknown kernel file {file!r}; expected one of {sorted(KERNEL_FILES)}')
     if dtype not in DTYPE_IDS:
-        raise ValueError(f"CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}")
+        raise ValueError(f'CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}')
     if head_dim not in HEAD_DIMS:
-        raise ValueError(f"CUDA kernels support head_dim in {HEAD_DIMS}, got {head_dim}")
+        raise ValueError(f'CUDA kernels support head_dim in {HEAD_DIMS}, got {head_dim}')
     options = (
-        "-std=c++17",
-        f"-DKV_DTYPE_ID={DTYPE_IDS[dtype]}",
-        f"-DHEAD_DIM={head_dim}",
-        f"-DPARTITION_SIZE={PARTITION_SIZE}",
-        f"-DSPLIT_MIN_TOKENS={SPLIT_MIN_TOKENS}",
-        f"-DMAX_GROUP={MAX_GROUP}",
-        f"-DNUM_THREADS={NUM_THREADS}",
-        f"-DPREFILL_ROWS_PER_WARP={PREFILL_ROWS_PER_WARP}",
-        f"-DPREFILL_TC_ROWS={PREFILL_TC_ROWS}",
-        f"-DPREFILL_TC_KV_TILE={PREFILL_TC_KV_TILE}",
+        '-std=c++17',
+        f'-DKV_DTYPE_ID={DTYPE_IDS[dtype]}',
+        f'-DHEAD_DIM={head_dim}',
+        f'-DPARTITION_SIZE={PARTITION_SIZE}',
+        f'-DSPLIT_MIN_TOKENS={SPLIT_MIN_TOKENS}',
+        f'-DMAX_GROUP={MAX_GROUP}',
+        f'-DNUM_THREADS={NUM_THREADS}',
+        f'-DPREFILL_ROWS_PER_WARP={PREFILL_ROWS_PER_WARP}',
+        f'-DPREFILL_TC_ROWS={PREFILL_TC_ROWS}',
+        f'-DPREFILL_TC_KV_TILE={PREFILL_TC_KV_TILE}',
     )
     return KernelVariant(
         file=file,
@@ -192,22 +192,22 @@ def prefill_rows(dtype: str) -> int:
     (:data:`PREFILL_TC_ROWS`).
     """
     if dtype not in DTYPE_IDS:
-        raise ValueError(f"CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}")
-    return PREFILL_ROWS if dtype == "float32" else PREFILL_TC_ROWS
+        raise ValueError(f'CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}')
+    return PREFILL_ROWS if dtype == 'float32' else PREFILL_TC_ROWS
 
 
 def quant_variant(dtype: str) -> KernelVariant:
     """Source and NVRTC options of the quantized-linear kernels for activations ``dtype``."""
     if dtype not in DTYPE_IDS:
-        raise ValueError(f"CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}")
+        raise ValueError(f'CUDA kernels support dtypes {sorted(DTYPE_IDS)}, got {dtype!r}')
     (file, functions), = QUANT_KERNEL_FILES.items()
     return KernelVariant(
         file=file,
         dtype=dtype,
         head_dim=0,
         source=kernel_source(file),
-        options=("-std=c++17", f"-DKV_DTYPE_ID={DTYPE_IDS[dtype]}",
-                 f"-DGEMV_WARPS={GEMV_WARPS}"),
+        options=('-std=c++17', f'-DKV_DTYPE_ID={DTYPE_IDS[dtype]}',
+                 f'-DGEMV_WARPS={GEMV_WARPS}'),
         functions=functions,
     )
 

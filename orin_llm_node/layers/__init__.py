@@ -20,15 +20,15 @@ from orin_llm_node.layers.linear import (
 from orin_llm_node.layers.rotary_embedding import MRotaryEmbedding, apply_rope, mrope_axis_map
 
 __all__ = [
-    "LinearBase",
-    "LinearMethod",
-    "MRotaryEmbedding",
-    "MergedLinear",
-    "QKVLinear",
-    "RMSNorm",
-    "ReplicatedLinear",
-    "SiluAndMul",
-    "UnquantizedLinearMethod",
-    "apply_rope",
-    "mrope_axis_map",
+    'LinearBase',
+    'LinearMethod',
+    'MRotaryEmbedding',
+    'MergedLinear',
+    'QKVLinear',
+    'RMSNorm',
+    'ReplicatedLinear',
+    'SiluAndMul',
+    'UnquantizedLinearMethod',
+    'apply_rope',
+    'mrope_axis_map',
 ]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from orin_llm_node.kernels.dispatch import kernels_for
 
-__all__ = ["SiluAndMul", "silu_and_mul"]
+__all__ = ['SiluAndMul', 'silu_and_mul']
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from torch import nn
 
 from orin_llm_node.kernels.dispatch import kernels_for
 
-__all__ = ["RMSNorm", "add_rms_norm", "rms_norm"]
+__all__ = ['RMSNorm', 'add_rms_norm', 'rms_norm']
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

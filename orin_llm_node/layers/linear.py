@@ -20,23 +20,23 @@ from torch import nn
 import torch.nn.functional as F
 
 __all__ = [
-    "LinearBase",
-    "LinearMethod",
-    "MergedLinear",
-    "QKVLinear",
-    "ReplicatedLinear",
-    "UnquantizedLinearMethod",
+    'LinearBase',
+    'LinearMethod',
+    'MergedLinear',
+    'QKVLinear',
+    'ReplicatedLinear',
+    'UnquantizedLinearMethod',
 ]
 
 
 class LinearMethod:
     """Weight storage and matmul of a linear layer (the seam for other weight formats)."""
 
-    def create_weights(self, layer: "LinearBase") -> None:
+    def create_weights(self, layer: 'LinearBase') -> None:
         """Register the layer's parameters (``weight``, ``bias``...) on ``layer``."""
         raise NotImplementedError
 
-    def apply(self, layer: "LinearBase", x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: 'LinearBase', x: torch.Tensor) -> torch.Tensor:
         """``x [N, input_size] -> [N, output_size]``."""
         raise NotImplementedError
 
@@ -44,16 +44,16 @@ class LinearMethod:
 class UnquantizedLinearMethod(LinearMethod):
     """A dense ``[output_size, input_size]`` weight in the model dtype; ``F.linear``."""
 
-    def create_weights(self, layer: "LinearBase") -> None:
+    def create_weights(self, layer: 'LinearBase') -> None:
         """Register ``weight`` and the optional ``bias``."""
         layer.weight = nn.Parameter(torch.empty(layer.output_size, layer.input_size),
                                     requires_grad=False)
         if layer.has_bias:
             layer.bias = nn.Parameter(torch.empty(layer.output_size), requires_grad=False)
         else:
-            layer.register_parameter("bias", None)
+            layer.register_parameter('bias', None)
 
-    def apply(self, layer: "LinearBase", x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: 'LinearBase', x: torch.Tensor) -> torch.Tensor:
         """Dense matmul (cuBLAS GEMV/GEMM on CUDA, MKL/oneDNN on the CPU)."""
         return F.linear(x, layer.weight, layer.bias)
 
@@ -77,7 +77,7 @@ class LinearBase(nn.Module):
     def shard(self, param: torch.Tensor, shard_id: Hashable = None) -> torch.Tensor:
         """The rows of ``param`` (weight or bias) that hold shard ``shard_id`` (a view)."""
         if shard_id not in self.shards:
-            raise KeyError(f"{type(self).__name__} has no shard {shard_id!r}")
+            raise KeyError(f'{type(self).__name__} has no shard {shard_id!r}')
         offset, size = self.shards[shard_id]
         return param.narrow(0, offset, size)
 
@@ -87,8 +87,8 @@ class LinearBase(nn.Module):
         """Copy one checkpoint tensor into its shard of ``param`` (cast to its dtype)."""
         dst = self.shard(param, shard_id)
         if tuple(loaded_weight.shape) != tuple(dst.shape):
-            raise ValueError(f"has shape {list(loaded_weight.shape)}, the config implies "
-                             f"{list(dst.shape)}")
+            raise ValueError(f'has shape {list(loaded_weight.shape)}, the config implies '
+                             f'{list(dst.shape)}')
         dst.copy_(loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,7 +123,7 @@ class QKVLinear(LinearBase):
                  bias: bool = False, method: LinearMethod | None = None) -> None:
         self.head_dim, self.num_heads, self.num_kv_heads = head_dim, num_heads, num_kv_heads
         q, kv = num_heads * head_dim, num_kv_heads * head_dim
-        shards = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
+        shards = {'q': (0, q), 'k': (q, kv), 'v': (q + kv, kv)}
         super().__init__(hidden_size, q + 2 * kv, bias, shards, method)
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["MRotaryEmbedding", "apply_rope", "mrope_axis_map", "rotate_half"]
+__all__ = ['MRotaryEmbedding', 'apply_rope', 'mrope_axis_map', 'rotate_half']
 
 
 def mrope_axis_map(head_dim: int, mrope_section: Sequence[int]) -> torch.Tensor:
@@ -33,15 +33,15 @@ class MRotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, rope_theta: float, mrope_section: Sequence[int]) -> None:
         super().__init__()
         self.head_dim, self.theta, self.section = head_dim, rope_theta, tuple(mrope_section)
-        self.register_buffer("inv_freq", torch.empty(head_dim // 2), persistent=False)
-        self.register_buffer("axis", torch.empty(head_dim // 2, dtype=torch.long),
+        self.register_buffer('inv_freq', torch.empty(head_dim // 2), persistent=False)
+        self.register_buffer('axis', torch.empty(head_dim // 2, dtype=torch.long),
                              persistent=False)
         self.init_buffers()
 
     def init_buffers(self) -> None:
         """(Re)compute the non-persistent buffers, e.g. after materialising from ``meta``."""
         dev = self.inv_freq.device
-        if dev.type == "meta":
+        if dev.type == 'meta':
             return
         d = self.head_dim
         # Computed on the CPU in fp32 exactly like the reference, then moved.

@@ -34,29 +34,29 @@ from .config import Qwen3VLConfig, load_config
 from .qwen3_vl import Qwen3VLForCausalLM
 
 __all__ = [
-    "ModelLoadError",
-    "build_model",
-    "check_stop",
-    "checkpoint_names",
-    "checkpoint_target",
-    "checkpoint_to_param_name",
-    "checkpoint_view",
-    "linear_module_names",
-    "load_model",
-    "meta_model",
+    'ModelLoadError',
+    'build_model',
+    'check_stop',
+    'checkpoint_names',
+    'checkpoint_target',
+    'checkpoint_to_param_name',
+    'checkpoint_view',
+    'linear_module_names',
+    'load_model',
+    'meta_model',
 ]
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = 'model.safetensors'
+INDEX_FILE = 'model.safetensors.index.json'
 #: What the model this loader builds holds merged: checkpoint module -> (ours, shard id).
 _PACKED = Qwen3VLForCausalLM.packed_modules_mapping
 
 
 def checkpoint_to_param_name(name: str) -> str:
     """Map a checkpoint tensor name to our state-dict name (current and legacy HF layouts)."""
-    for prefix, ours in (("model.visual.", "visual."),
-                         ("model.language_model.", "language_model."),
-                         ("visual.", "visual."), ("model.", "language_model.")):
+    for prefix, ours in (('model.visual.', 'visual.'),
+                         ('model.language_model.', 'language_model.'),
+                         ('visual.', 'visual.'), ('model.', 'language_model.')):
         if name.startswith(prefix):
             return ours + name[len(prefix):]
     return name
@@ -64,20 +64,20 @@ def checkpoint_to_param_name(name: str) -> str:
 
 def checkpoint_target(name: str) -> tuple[str, object]:
     """Our parameter holding checkpoint tensor ``name``, and its shard id (None: the whole)."""
-    parts = checkpoint_to_param_name(name).split(".")
+    parts = checkpoint_to_param_name(name).split('.')
     if len(parts) >= 2 and parts[-2] in _PACKED:
         merged, shard_id = _PACKED[parts[-2]]
-        return ".".join((*parts[:-2], merged, parts[-1])), shard_id
-    return ".".join(parts), None
+        return '.'.join((*parts[:-2], merged, parts[-1])), shard_id
+    return '.'.join(parts), None
 
 
 def checkpoint_names(param_name: str) -> list[str]:
     """The checkpoint-side (unmerged) names a parameter of ours is loaded from."""
-    parts = param_name.split(".")
+    parts = param_name.split('.')
     if len(parts) >= 2:
         sources = [hf for hf, (merged, _) in _PACKED.items() if merged == parts[-2]]
         if sources:
-            return [".".join((*parts[:-2], hf, parts[-1])) for hf in sources]
+            return ['.'.join((*parts[:-2], hf, parts[-1])) for hf in sources]
     return [param_name]
 
 
@@ -87,22 +87,22 @@ def checkpoint_view(model: nn.Module, name: str) -> torch.Tensor:
     param = model.get_parameter(target)
     if shard_id is None:
         return param
-    return model.get_submodule(target.rsplit(".", 1)[0]).shard(param, shard_id)
+    return model.get_submodule(target.rsplit('.', 1)[0]).shard(param, shard_id)
 
 
 def _load_tensor(model: nn.Module, param: torch.Tensor, target: str, shard_id,
                  tensor: torch.Tensor) -> None:
     if shard_id is None:
         if tuple(tensor.shape) != tuple(param.shape):
-            raise ValueError(f"has shape {list(tensor.shape)}, the config implies "
-                             f"{list(param.shape)}")
+            raise ValueError(f'has shape {list(tensor.shape)}, the config implies '
+                             f'{list(param.shape)}')
         param.copy_(tensor)  # per-tensor read from the mmap + cast
         return
-    model.get_submodule(target.rsplit(".", 1)[0]).weight_loader(param, tensor, shard_id)
+    model.get_submodule(target.rsplit('.', 1)[0]).weight_loader(param, tensor, shard_id)
 
 
 def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "meta",
+                device: str | torch.device = 'meta',
                 quantized: dict | None = None,
                 weight_format: str | None = None) -> Qwen3VLForCausalLM:
     """
@@ -114,10 +114,10 @@ def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
     ``model.weight_format`` is ``weight_format`` (a ``QuantPlan.description``) or, for a float
     model, the dtype's name.
     """
-    with torch.device("meta"):
+    with torch.device('meta'):
         model = Qwen3VLForCausalLM(cfg)
     for name, lq in (quantized or {}).items():
-        parent, _, attr = name.rpartition(".")
+        parent, _, attr = name.rpartition('.')
         quantize_module(model.get_submodule(parent), attr, lq.make)
     device = torch.device(device)
     for module in model.modules():
@@ -131,7 +131,7 @@ def build_model(cfg: Qwen3VLConfig, dtype: torch.dtype = torch.float32,
                 module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=device)
     model.tie_weights()  # re-share lm_head after the parameters were replaced
     model.init_buffers()
-    model.weight_format = weight_format or str(dtype).replace("torch.", "")
+    model.weight_format = weight_format or str(dtype).replace('torch.', '')
     return model.eval()
 
 
@@ -139,27 +139,27 @@ def _weight_files(model_dir: Path) -> dict[Path, set[str] | None]:
     """Safetensors files to read, each with the tensor names the index promises (or None)."""
     if (model_dir / INDEX_FILE).is_file():
         try:
-            weight_map = json.loads((model_dir / INDEX_FILE).read_text())["weight_map"]
+            weight_map = json.loads((model_dir / INDEX_FILE).read_text())['weight_map']
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ModelLoadError(f"{model_dir / INDEX_FILE}: unreadable index ({e})") from None
+            raise ModelLoadError(f'{model_dir / INDEX_FILE}: unreadable index ({e})') from None
         files: dict[Path, set[str] | None] = {}
         for name, fname in weight_map.items():
             files.setdefault(model_dir / fname, set()).add(name)
         for path in files:
             if not path.is_file():
-                raise ModelLoadError(f"{model_dir}: shard {path.name} (in the index) is missing")
+                raise ModelLoadError(f'{model_dir}: shard {path.name} (in the index) is missing')
         return files
     if (model_dir / SINGLE_FILE).is_file():
         return {model_dir / SINGLE_FILE: None}
-    pickles = sorted(p.name for p in [*model_dir.glob("*.bin"), *model_dir.glob("*.pt")])
-    extra = f" (found {', '.join(pickles)}; pickle is never loaded)" if pickles else ""
-    raise ModelLoadError(f"{model_dir}: no {SINGLE_FILE} or {INDEX_FILE}{extra}")
+    pickles = sorted(p.name for p in [*model_dir.glob('*.bin'), *model_dir.glob('*.pt')])
+    extra = f" (found {', '.join(pickles)}; pickle is never loaded)" if pickles else ''
+    raise ModelLoadError(f'{model_dir}: no {SINGLE_FILE} or {INDEX_FILE}{extra}')
 
 
 def _names(names: set[str] | list[str], limit: int = 5) -> str:
     names = sorted(names)
-    more = f", ... ({len(names)} total)" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
+    more = f', ... ({len(names)} total)' if len(names) > limit else ''
+    return ', '.join(names[:limit]) + more
 
 
 def _checkpoint_keys(files: dict[Path, set[str] | None]) -> list[str]:
@@ -169,16 +169,16 @@ def _checkpoint_keys(files: dict[Path, set[str] | None]) -> list[str]:
             keys += promised
             continue
         try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
+            with safe_open(str(path), framework='pt', device='cpu') as f:
                 keys += f.keys()
         except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise ModelLoadError(f"{path}: cannot read safetensors ({e})") from None
+            raise ModelLoadError(f'{path}: cannot read safetensors ({e})') from None
     return keys
 
 
 def linear_module_names(cfg: Qwen3VLConfig) -> set[str]:
     """Our linear layers (``nn.Linear`` or merged ``LinearBase``): what may be quantized."""
-    with torch.device("meta"):
+    with torch.device('meta'):
         return {n for n, m in Qwen3VLForCausalLM(cfg).named_modules()
                 if isinstance(m, nn.Linear | LinearBase)}
 
@@ -188,9 +188,9 @@ def _checkpoint_linears(cfg: Qwen3VLConfig, keys: list[str]) -> dict[str, str]:
     ours = linear_module_names(cfg)
     linears = {}
     for key in keys:
-        module = checkpoint_target(key)[0].rpartition(".")[0]
+        module = checkpoint_target(key)[0].rpartition('.')[0]
         if module in ours:
-            linears[key.rpartition(".")[0]] = module
+            linears[key.rpartition('.')[0]] = module
     return linears
 
 
@@ -202,9 +202,9 @@ def _quantized_modules(model_dir: Path, plan, linears: dict[str, str]) -> dict:
     for ours, kinds in parts.items():
         if any(k is not None for k in kinds):
             if len(set(kinds)) != 1:
-                raise ModelLoadError(f"{model_dir}: the parts of {ours} are stored in different "
-                                     "formats (quantized and not, or two schemes); they share "
-                                     "one merged layer here")
+                raise ModelLoadError(f'{model_dir}: the parts of {ours} are stored in different '
+                                     'formats (quantized and not, or two schemes); they share '
+                                     'one merged layer here')
             quantized[ours] = kinds[0]
     return quantized
 
@@ -214,14 +214,14 @@ def _plan(model_dir: Path, cfg: Qwen3VLConfig, keys: list[str], linears: dict[st
     """The quantization plan and our module -> LayerQuant map (empty for a float model)."""
     plan = plan_quantization(model_dir, cfg.quantization_config, keys, linears, quantization)
     quantized = _quantized_modules(model_dir, plan, linears) if plan else {}
-    if "lm_head" in quantized and cfg.tie_word_embeddings:
-        raise ModelLoadError(f"{model_dir}: a quantized lm_head with tied embeddings is not "
-                             "supported")
+    if 'lm_head' in quantized and cfg.tie_word_embeddings:
+        raise ModelLoadError(f'{model_dir}: a quantized lm_head with tied embeddings is not '
+                             'supported')
     return plan, quantized
 
 
 def meta_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
-               quantization: str = "none", cfg: Qwen3VLConfig | None = None
+               quantization: str = 'none', cfg: Qwen3VLConfig | None = None
                ) -> Qwen3VLForCausalLM:
     """The model ``load_model`` would build, on the ``meta`` device: sizes without memory.
 
@@ -239,18 +239,18 @@ def meta_model(model_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
     linears = (_checkpoint_linears(cfg, keys) if keys
                else {n: n for n in linear_module_names(cfg)})
     plan, quantized = _plan(model_dir, cfg, keys, linears, quantization)
-    return build_model(cfg, dtype, "meta", quantized, plan and plan.description)
+    return build_model(cfg, dtype, 'meta', quantized, plan and plan.description)
 
 
 def check_stop(should_stop, what: str) -> None:
     """Raise :class:`LoadInterrupted` if ``should_stop`` (a callable or None) says so."""
     if should_stop is not None and should_stop():
-        raise LoadInterrupted(f"stopped while {what}")
+        raise LoadInterrupted(f'stopped while {what}')
 
 
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu",
-               quantization: str = "none", should_stop=None) -> Qwen3VLForCausalLM:
+               device: str | torch.device = 'cpu',
+               quantization: str = 'none', should_stop=None) -> Qwen3VLForCausalLM:
     """
     Load the Qwen3-VL checkpoint in ``model_dir`` cast to ``dtype`` on ``device``.
 
@@ -265,29 +265,29 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     """
     model_dir = Path(model_dir)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ModelLoadError(f"unsupported dtype {dtype} (float32, bfloat16 or float16)")
+        raise ModelLoadError(f'unsupported dtype {dtype} (float32, bfloat16 or float16)')
     cfg = load_config(model_dir)
     files = _weight_files(model_dir)
     all_keys = _checkpoint_keys(files)
     linears = _checkpoint_linears(cfg, all_keys)
     plan, quantized = _plan(model_dir, cfg, all_keys, linears, quantization)
-    check_stop(should_stop, "building the model")
+    check_stop(should_stop, 'building the model')
     model = build_model(cfg, dtype, device, quantized, plan and plan.description)
     params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
     expected = {hf for name in params for hf in checkpoint_names(name)}
     loaded, unexpected = set(), []
     for path, promised in files.items():
-        check_stop(should_stop, f"loading {path.name}")
+        check_stop(should_stop, f'loading {path.name}')
         try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
+            with safe_open(str(path), framework='pt', device='cpu') as f:
                 keys = set(f.keys())
                 if promised is not None and promised - keys:
                     raise ModelLoadError(
-                        f"{path.name}: tensors named in the index are missing from the file: "
-                        f"{_names(promised - keys)}"
+                        f'{path.name}: tensors named in the index are missing from the file: '
+                        f'{_names(promised - keys)}'
                     )
                 for key in sorted(keys):
-                    check_stop(should_stop, f"loading {path.name}")
+                    check_stop(should_stop, f'loading {path.name}')
                     role = plan.tensor_role(key) if plan else None
                     if role is not None:
                         layer, row0 = quant_part(model.get_submodule(linears[role[0]]),
@@ -296,7 +296,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                             loaded.add(role[0])
                         continue
                     name = checkpoint_to_param_name(key)
-                    if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                    if name == 'lm_head.weight' and cfg.tie_word_embeddings:
                         continue  # some tied checkpoints store a copy; the embedding wins
                     target, shard_id = checkpoint_target(key)
                     param = params.get(target)
@@ -306,15 +306,15 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                     try:
                         _load_tensor(model, param, target, shard_id, f.get_tensor(key))
                     except ValueError as e:
-                        raise ModelLoadError(f"{path.name}: tensor {key} {e}") from None
+                        raise ModelLoadError(f'{path.name}: tensor {key} {e}') from None
                     loaded.add(name)
         except (ModelLoadError, LoadInterrupted):
             raise
         except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise ModelLoadError(f"{path}: cannot read safetensors ({e})") from None
+            raise ModelLoadError(f'{path}: cannot read safetensors ({e})') from None
     if unexpected:
-        raise ModelLoadError(f"{model_dir}: unexpected tensors: {_names(unexpected)}")
+        raise ModelLoadError(f'{model_dir}: unexpected tensors: {_names(unexpected)}')
     missing = (expected - loaded) | (set(plan.layers) - loaded if plan else set())
     if missing:
-        raise ModelLoadError(f"{model_dir}: missing tensors: {_names(missing)}")
+        raise ModelLoadError(f'{model_dir}: missing tensors: {_names(missing)}')
     return model

@@ -15,7 +15,7 @@ from .config import Qwen3VLConfig
 from .qwen3_vl_text import Qwen3VLTextModel
 from .qwen3_vl_vision import Qwen3VLVisionTower, VisionOutput
 
-__all__ = ["Qwen3VLForCausalLM"]
+__all__ = ['Qwen3VLForCausalLM']
 
 
 class Qwen3VLForCausalLM(nn.Module):
@@ -25,11 +25,11 @@ class Qwen3VLForCausalLM(nn.Module):
     #: name): checkpoint module -> (our merged module, shard id), read by the loader. The
     #: decoder's q/k/v and gate/up; the vision tower's checkpoint has its qkv merged already.
     packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
+        'q_proj': ('qkv_proj', 'q'),
+        'k_proj': ('qkv_proj', 'k'),
+        'v_proj': ('qkv_proj', 'v'),
+        'gate_proj': ('gate_up_proj', 0),
+        'up_proj': ('gate_up_proj', 1),
     }
 
     def __init__(self, cfg: Qwen3VLConfig) -> None:
@@ -84,7 +84,7 @@ class Qwen3VLForCausalLM(nn.Module):
                     | (input_ids == self.config.video_token_id))
             n_pad, n_vis = int(mask.sum()), visual.embeds.shape[0]
             if n_pad != n_vis:
-                raise ValueError(f"{n_pad} image/video pad tokens but {n_vis} visual embeddings")
+                raise ValueError(f'{n_pad} image/video pad tokens but {n_vis} visual embeddings')
             h = h.masked_scatter(mask[:, None], visual.embeds.to(h.dtype))
         return self.language_model(
             h, positions, attn, mask, visual.deepstack if visual is not None else None

@@ -29,7 +29,7 @@ from orin_llm_node.layers import (
 
 from .config import TextConfig
 
-__all__ = ["Qwen3VLTextModel"]
+__all__ = ['Qwen3VLTextModel']
 
 
 class Attention(nn.Module):

@@ -23,12 +23,12 @@ from orin_llm_node.layers import apply_rope
 from .config import VisionConfig
 
 __all__ = [
-    "GridInputs",
-    "Qwen3VLVisionTower",
-    "VisionOutput",
-    "interpolation_taps",
-    "rotary_positions",
-    "segment_mask",
+    'GridInputs',
+    'Qwen3VLVisionTower',
+    'VisionOutput',
+    'interpolation_taps',
+    'rotary_positions',
+    'segment_mask',
 ]
 
 
@@ -39,7 +39,7 @@ class VisionOutput:
     embeds: torch.Tensor  # [n_tokens, text_hidden]
     deepstack: tuple[torch.Tensor, ...]  # one [n_tokens, text_hidden] per DeepStack level
 
-    def __getitem__(self, rows: slice | torch.Tensor) -> "VisionOutput":
+    def __getitem__(self, rows: slice | torch.Tensor) -> 'VisionOutput':
         """Select token rows (e.g. the uncached part of an image) from every output."""
         return VisionOutput(self.embeds[rows], tuple(d[rows] for d in self.deepstack))
 
@@ -154,7 +154,7 @@ class VisionMLP(nn.Module):
         self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))
+        return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate='tanh'))
 
 
 class VisionBlock(nn.Module):
@@ -234,7 +234,7 @@ class Qwen3VLVisionTower(nn.Module):
             PatchMerger(cfg, postshuffle=True) for _ in cfg.deepstack_visual_indexes
         )
         d = cfg.head_dim // 2  # half the head rotates by the row, half by the column
-        self.register_buffer("inv_freq", torch.empty(d // 2), persistent=False)
+        self.register_buffer('inv_freq', torch.empty(d // 2), persistent=False)
         self._grids: OrderedDict[tuple, GridInputs] = OrderedDict()
         self.init_buffers()
 
@@ -247,7 +247,7 @@ class Qwen3VLVisionTower(nn.Module):
         Also forgets the per-grid inputs, which depend on the weights and the device.
         """
         self._grids.clear()
-        if self.inv_freq.device.type == "meta":
+        if self.inv_freq.device.type == 'meta':
             return
         d = self.config.head_dim // 2
         inv = 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d))

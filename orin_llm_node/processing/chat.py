@@ -25,27 +25,27 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 import numpy as np
 import tokenizers
 
-__all__ = ["ChatTemplate", "Tokenizer", "expand_image_pads", "user_message"]
+__all__ = ['ChatTemplate', 'Tokenizer', 'expand_image_pads', 'user_message']
 
 # Named special tokens transformers hands to every chat template (SPECIAL_TOKENS_ATTRIBUTES).
 _NAMED_SPECIAL_TOKENS = (
-    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    'bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token',
 )
 
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding='utf-8'))
     except FileNotFoundError:
         return None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+        raise ValueError(f'{path} is not valid JSON: {exc}') from None
 
 
 def _token_content(value) -> str | None:
     # tokenizer_config.json stores special tokens as strings or AddedToken dicts.
     if isinstance(value, dict):
-        return value.get("content")
+        return value.get('content')
     return value if isinstance(value, str) else None
 
 
@@ -68,7 +68,7 @@ def _plain(value):
         return tuple(_plain(v) for v in value)
     if isinstance(value, np.generic):
         return _plain(value.item())
-    return f"<{type(value).__name__}>"
+    return f'<{type(value).__name__}>'
 
 
 def _raise_exception(message):
@@ -87,19 +87,19 @@ def _strftime_now(fmt):
 
 def _compile(template: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        trim_blocks=True, lstrip_blocks=True, extensions=['jinja2.ext.loopcontrols']
     )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
+    env.filters['tojson'] = _tojson
+    env.globals['raise_exception'] = _raise_exception
+    env.globals['strftime_now'] = _strftime_now
     return env.from_string(template)
 
 
 def user_message(text: str, num_images: int = 0) -> dict:
     """Return an HF-style user message: ``num_images`` image items, then the text."""
-    content = [{"type": "image"} for _ in range(num_images)]
-    content.append({"type": "text", "text": text})
-    return {"role": "user", "content": content}
+    content = [{'type': 'image'} for _ in range(num_images)]
+    content.append({'type': 'text', 'text': text})
+    return {'role': 'user', 'content': content}
 
 
 class ChatTemplate:
@@ -111,7 +111,7 @@ class ChatTemplate:
         self._compiled = _compile(template)
 
     @classmethod
-    def from_pretrained(cls, model_dir) -> "ChatTemplate":
+    def from_pretrained(cls, model_dir) -> 'ChatTemplate':
         """
         Load the template the way transformers' tokenizer does.
 
@@ -121,22 +121,22 @@ class ChatTemplate:
         ``tokenizer_config.json`` (and ``special_tokens_map.json``).
         """
         root = Path(model_dir)
-        tok_cfg = _read_json(root / "tokenizer_config.json") or {}
+        tok_cfg = _read_json(root / 'tokenizer_config.json') or {}
         template = None
-        jinja_file = root / "chat_template.jinja"
+        jinja_file = root / 'chat_template.jinja'
         if jinja_file.is_file():
-            template = jinja_file.read_text(encoding="utf-8")
+            template = jinja_file.read_text(encoding='utf-8')
         if template is None:
-            template = tok_cfg.get("chat_template")
+            template = tok_cfg.get('chat_template')
             if isinstance(template, list):
-                named = {t.get("name"): t.get("template") for t in template}
-                template = named.get("default")
+                named = {t.get('name'): t.get('template') for t in template}
+                template = named.get('default')
         if template is None:
-            template = (_read_json(root / "chat_template.json") or {}).get("chat_template")
+            template = (_read_json(root / 'chat_template.json') or {}).get('chat_template')
         if not isinstance(template, str):
-            raise ValueError(f"no chat template found in {model_dir}")
+            raise ValueError(f'no chat template found in {model_dir}')
         special = {}
-        legacy_map = _read_json(root / "special_tokens_map.json") or {}
+        legacy_map = _read_json(root / 'special_tokens_map.json') or {}
         for name in _NAMED_SPECIAL_TOKENS:
             content = _token_content(tok_cfg.get(name)) or _token_content(legacy_map.get(name))
             if content is not None:
@@ -157,11 +157,11 @@ class ChatTemplate:
         error (its ``raise_exception``) raises ``ValueError``.
         """
         if not messages:
-            raise ValueError("cannot render an empty conversation")
+            raise ValueError('cannot render an empty conversation')
         chat = []
         for message in messages:
             if not isinstance(message, dict):
-                raise TypeError(f"chat messages must be dicts, got {message!r}")
+                raise TypeError(f'chat messages must be dicts, got {message!r}')
             chat.append(_plain({k: v for k, v in message.items() if v is not None}))
         variables = {**self.special_tokens, **_plain(template_kwargs)}
         try:
@@ -170,7 +170,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt, **variables,
             )
         except jinja2.TemplateError as exc:  # the template's raise_exception, a bad value
-            raise ValueError(f"the chat template cannot render this conversation: {exc}"
+            raise ValueError(f'the chat template cannot render this conversation: {exc}'
                              ) from None
 
 
@@ -188,14 +188,14 @@ def expand_image_pads(
         if tok == image_pad_id:
             if k >= len(tokens_per_image):
                 raise ValueError(
-                    f"prompt has more image pads than images ({len(tokens_per_image)})"
+                    f'prompt has more image pads than images ({len(tokens_per_image)})'
                 )
             out.extend([image_pad_id] * int(tokens_per_image[k]))
             k += 1
         else:
             out.append(int(tok))
     if k != len(tokens_per_image):
-        raise ValueError(f"prompt has {k} image pad(s) but {len(tokens_per_image)} image(s)")
+        raise ValueError(f'prompt has {k} image pad(s) but {len(tokens_per_image)} image(s)')
     return out
 
 
@@ -209,19 +209,19 @@ class Tokenizer:
     ``eos_token_id`` (int or list) followed by ``tokenizer_config.json``'s ``eos_token``.
     """
 
-    IMAGE_PAD = "<|image_pad|>"
-    VIDEO_PAD = "<|video_pad|>"
-    VISION_START = "<|vision_start|>"
-    VISION_END = "<|vision_end|>"
-    IM_START = "<|im_start|>"
-    IM_END = "<|im_end|>"
+    IMAGE_PAD = '<|image_pad|>'
+    VIDEO_PAD = '<|video_pad|>'
+    VISION_START = '<|vision_start|>'
+    VISION_END = '<|vision_end|>'
+    IM_START = '<|im_start|>'
+    IM_END = '<|im_end|>'
 
     # config.json key -> token string it must name.
     _CONFIG_IDS = {
-        "image_token_id": IMAGE_PAD,
-        "video_token_id": VIDEO_PAD,
-        "vision_start_token_id": VISION_START,
-        "vision_end_token_id": VISION_END,
+        'image_token_id': IMAGE_PAD,
+        'video_token_id': VIDEO_PAD,
+        'vision_start_token_id': VISION_START,
+        'vision_end_token_id': VISION_END,
     }
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, eos_ids: Sequence[int] = (),
@@ -231,8 +231,8 @@ class Tokenizer:
             expected = (config_ids or {}).get(key)
             if expected is not None and tokenizer.token_to_id(token) != expected:
                 raise ValueError(
-                    f"config {key}={expected} but the tokenizer has {token} as "
-                    f"{tokenizer.token_to_id(token)}"
+                    f'config {key}={expected} but the tokenizer has {token} as '
+                    f'{tokenizer.token_to_id(token)}'
                 )
         self.image_pad_id = self.token_id(self.IMAGE_PAD)
         self.vision_start_id = self.token_id(self.VISION_START)
@@ -247,31 +247,31 @@ class Tokenizer:
         self._added = {tok.content: i for i, tok in added.items()}
         self.added_texts = frozenset(self._added)
         plain = json.loads(tokenizer.to_str())
-        plain["added_tokens"] = []
+        plain['added_tokens'] = []
         self._text_tok = tokenizers.Tokenizer.from_str(json.dumps(plain))
         self.eos_ids = tuple(dict.fromkeys(int(i) for i in eos_ids))
         if not self.eos_ids:
             self.eos_ids = (self.im_end_id,)
 
     @classmethod
-    def from_pretrained(cls, model_dir) -> "Tokenizer":
+    def from_pretrained(cls, model_dir) -> 'Tokenizer':
         """Load ``tokenizer.json`` and the eos ids of a checkpoint directory."""
         root = Path(model_dir)
-        path = root / "tokenizer.json"
+        path = root / 'tokenizer.json'
         if not path.is_file():
-            raise ValueError(f"no tokenizer.json in {model_dir}")
+            raise ValueError(f'no tokenizer.json in {model_dir}')
         tok = tokenizers.Tokenizer.from_file(str(path))
         eos: list[int] = []
-        gen_eos = (_read_json(root / "generation_config.json") or {}).get("eos_token_id")
+        gen_eos = (_read_json(root / 'generation_config.json') or {}).get('eos_token_id')
         if isinstance(gen_eos, int):
             eos.append(gen_eos)
         elif isinstance(gen_eos, list):
             eos.extend(int(i) for i in gen_eos)
-        tok_cfg = _read_json(root / "tokenizer_config.json") or {}
-        eos_token = _token_content(tok_cfg.get("eos_token"))
+        tok_cfg = _read_json(root / 'tokenizer_config.json') or {}
+        eos_token = _token_content(tok_cfg.get('eos_token'))
         if eos_token is not None and tok.token_to_id(eos_token) is not None:
             eos.append(tok.token_to_id(eos_token))
-        config = _read_json(root / "config.json") or {}
+        config = _read_json(root / 'config.json') or {}
         config_ids = {k: config[k] for k in cls._CONFIG_IDS if isinstance(config.get(k), int)}
         return cls(tok, eos, config_ids)
 
@@ -284,7 +284,7 @@ class Tokenizer:
         """Return the id of ``token``; ``ValueError`` when the vocabulary lacks it."""
         tid = self._tok.token_to_id(token)
         if tid is None:
-            raise ValueError(f"tokenizer has no token {token!r}")
+            raise ValueError(f'tokenizer has no token {token!r}')
         return tid
 
     def added_token_id(self, token: str) -> int | None:
@@ -318,11 +318,11 @@ class Tokenizer:
             for tid, (start, end) in zip(enc.ids, enc.offsets, strict=True):
                 if tid in self.added_ids:
                     run.append(text[pos:start])
-                    ids.extend(self.encode_text("".join(run)))
+                    ids.extend(self.encode_text(''.join(run)))
                     ids.append(tid)
                     run, pos = [], end
             run.append(text[pos:])
-        ids.extend(self.encode_text("".join(run)))
+        ids.extend(self.encode_text(''.join(run)))
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

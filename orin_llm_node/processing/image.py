@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 import torch
 
-__all__ = ["ImageProcessor", "ProcessedImage", "smart_resize"]
+__all__ = ['ImageProcessor', 'ProcessedImage', 'smart_resize']
 
 MAX_ASPECT_RATIO = 200
 
@@ -37,11 +37,11 @@ def smart_resize(
     Raises ``ValueError`` for an empty image or an aspect ratio above 200.
     """
     if height <= 0 or width <= 0:
-        raise ValueError(f"image has zero size: {height}x{width}")
+        raise ValueError(f'image has zero size: {height}x{width}')
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT_RATIO:
         raise ValueError(
-            f"image aspect ratio {ratio:.1f} ({height}x{width}) exceeds {MAX_ASPECT_RATIO}"
+            f'image aspect ratio {ratio:.1f} ({height}x{width}) exceeds {MAX_ASPECT_RATIO}'
         )
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
@@ -97,24 +97,24 @@ class ImageProcessor:
     resample: int = int(Image.Resampling.BICUBIC)
 
     def __post_init__(self):
-        for name in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels"):
+        for name in ('patch_size', 'temporal_patch_size', 'merge_size', 'min_pixels'):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}')
         if self.max_pixels < self.factor * self.factor:
             raise ValueError(
-                f"max_pixels {self.max_pixels} is below one merged patch "
-                f"({self.factor}x{self.factor} = {self.factor * self.factor})"
+                f'max_pixels {self.max_pixels} is below one merged patch '
+                f'({self.factor}x{self.factor} = {self.factor * self.factor})'
             )
         if self.min_pixels > self.max_pixels:
             raise ValueError(
-                f"min_pixels {self.min_pixels} is larger than max_pixels {self.max_pixels}"
+                f'min_pixels {self.min_pixels} is larger than max_pixels {self.max_pixels}'
             )
         if len(self.mean) != 3 or len(self.std) != 3:
-            raise ValueError(f"mean and std need 3 values each, got {self.mean} and {self.std}")
+            raise ValueError(f'mean and std need 3 values each, got {self.mean} and {self.std}')
         if any(s == 0 for s in self.std):
-            raise ValueError(f"std must not contain zeros, got {self.std}")
-        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
-        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+            raise ValueError(f'std must not contain zeros, got {self.std}')
+        object.__setattr__(self, 'mean', tuple(float(m) for m in self.mean))
+        object.__setattr__(self, 'std', tuple(float(s) for s in self.std))
         Image.Resampling(self.resample)  # ValueError for an unknown filter
 
     @property
@@ -125,7 +125,7 @@ class ImageProcessor:
     @classmethod
     def from_pretrained(
         cls, model_dir, min_pixels: int | None = None, max_pixels: int | None = None,
-    ) -> "ImageProcessor":
+    ) -> 'ImageProcessor':
         """
         Read ``preprocessor_config.json`` from a checkpoint directory.
 
@@ -133,32 +133,32 @@ class ImageProcessor:
         reference uses for min/max pixels) or top-level ``min_pixels`` / ``max_pixels`` (these
         win, as in the reference); the arguments override both.
         """
-        path = Path(model_dir) / "preprocessor_config.json"
+        path = Path(model_dir) / 'preprocessor_config.json'
         try:
             cfg = json.loads(path.read_text())
         except FileNotFoundError:
-            raise ValueError(f"no preprocessor_config.json in {model_dir}") from None
-        size = cfg.get("size") or {}
-        lo = _first(cfg.get("min_pixels"), size.get("shortest_edge"), size.get("min_pixels"))
-        hi = _first(cfg.get("max_pixels"), size.get("longest_edge"), size.get("max_pixels"))
+            raise ValueError(f'no preprocessor_config.json in {model_dir}') from None
+        size = cfg.get('size') or {}
+        lo = _first(cfg.get('min_pixels'), size.get('shortest_edge'), size.get('min_pixels'))
+        hi = _first(cfg.get('max_pixels'), size.get('longest_edge'), size.get('max_pixels'))
         defaults = cls()
         kwargs = {
-            "patch_size": int(cfg.get("patch_size", defaults.patch_size)),
-            "temporal_patch_size": int(
-                cfg.get("temporal_patch_size", defaults.temporal_patch_size)
+            'patch_size': int(cfg.get('patch_size', defaults.patch_size)),
+            'temporal_patch_size': int(
+                cfg.get('temporal_patch_size', defaults.temporal_patch_size)
             ),
-            "merge_size": int(cfg.get("merge_size", defaults.merge_size)),
-            "min_pixels": int(_first(min_pixels, lo, defaults.min_pixels)),
-            "max_pixels": int(_first(max_pixels, hi, defaults.max_pixels)),
-            "mean": tuple(cfg.get("image_mean", defaults.mean)),
-            "std": tuple(cfg.get("image_std", defaults.std)),
-            "rescale_factor": float(cfg.get("rescale_factor", defaults.rescale_factor)),
-            "resample": int(cfg.get("resample", defaults.resample)),
+            'merge_size': int(cfg.get('merge_size', defaults.merge_size)),
+            'min_pixels': int(_first(min_pixels, lo, defaults.min_pixels)),
+            'max_pixels': int(_first(max_pixels, hi, defaults.max_pixels)),
+            'mean': tuple(cfg.get('image_mean', defaults.mean)),
+            'std': tuple(cfg.get('image_std', defaults.std)),
+            'rescale_factor': float(cfg.get('rescale_factor', defaults.rescale_factor)),
+            'resample': int(cfg.get('resample', defaults.resample)),
         }
         return cls(**kwargs)
 
     def capped(self, max_pixels: int | None = None,
-               min_pixels: int | None = None) -> "ImageProcessor":
+               min_pixels: int | None = None) -> 'ImageProcessor':
         """
         A copy with a deployment's pixel bounds applied on top of the checkpoint's.
 
@@ -187,11 +187,11 @@ class ImageProcessor:
         patches as ``preprocess`` of the original, bit for bit.
         """
         if not isinstance(rgb, np.ndarray):
-            raise ValueError(f"image must be a numpy array, got {type(rgb).__name__}")
+            raise ValueError(f'image must be a numpy array, got {type(rgb).__name__}')
         if rgb.dtype != np.uint8:
-            raise ValueError(f"image must be uint8, got dtype {rgb.dtype}")
+            raise ValueError(f'image must be uint8, got dtype {rgb.dtype}')
         if rgb.ndim != 3 or rgb.shape[2] != 3:
-            raise ValueError(f"image must be H x W x 3 (RGB), got shape {tuple(rgb.shape)}")
+            raise ValueError(f'image must be H x W x 3 (RGB), got shape {tuple(rgb.shape)}')
         height, width = rgb.shape[:2]
         new_h, new_w = self.target_size(height, width)
         # Pillow resizes uint8 in uint8 (rounding and clipping inside), exactly the reference.
@@ -205,8 +205,8 @@ class ImageProcessor:
         height, width = resized.shape[:2]
         p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
         if height % self.factor or width % self.factor:
-            raise ValueError(f"patchify needs sides that are multiples of {self.factor}, got "
-                             f"{height}x{width} (resize the image first)")
+            raise ValueError(f'patchify needs sides that are multiples of {self.factor}, got '
+                             f'{height}x{width} (resize the image first)')
 
         # Rescale in float64 then cast, normalise in float32: the reference's order and dtypes.
         x = (resized.astype(np.float64) * self.rescale_factor).astype(np.float32)

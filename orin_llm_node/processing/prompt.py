@@ -33,7 +33,7 @@ import torch
 from orin_llm_node.processing.rope_index import rope_positions
 from orin_llm_node.processing.video import VideoClip, video_key
 
-__all__ = ["ImageRef", "PromptBuilder", "PromptPiece", "VideoRef", "image_key"]
+__all__ = ['ImageRef', 'PromptBuilder', 'PromptPiece', 'VideoRef', 'image_key']
 
 
 def image_key(rgb: np.ndarray) -> bytes:
@@ -134,7 +134,7 @@ class PromptBuilder:
         # Split a rendered history after its last <|im_end|>: (what our ids hold, the tail).
         cut = rendered.rfind(self.im_end)
         if cut < 0:
-            return rendered, ""
+            return rendered, ''
         cut += len(self.im_end)
         return rendered[:cut], rendered[cut:]
 
@@ -144,12 +144,12 @@ class PromptBuilder:
         if history:
             return self.template.render(history, add_generation_prompt=False, tools=tools)
         if not tools:
-            return ""
+            return ''
         slot = _slot()
-        probe = self.template.render([{"role": "user", "content": slot}],
+        probe = self.template.render([{'role': 'user', 'content': slot}],
                                      add_generation_prompt=False, tools=tools)
         head, _ = self._head(probe[:probe.index(slot)])
-        return head if head.endswith(self.im_end) else ""
+        return head if head.endswith(self.im_end) else ''
 
     def _encode(self, message, texts: list[str], add_generation_prompt: bool,
                 history: Sequence[dict] | None = (), tools=None) -> list[int]:
@@ -164,9 +164,9 @@ class PromptBuilder:
         slots = [_slot() for _ in texts]
         full = self.template.render(messages(slots), add_generation_prompt=add_generation_prompt,
                                     tools=tools)
-        rendered = "" if history is None else self._prefix(history, tools)
+        rendered = '' if history is None else self._prefix(history, tools)
         if not full.startswith(rendered):
-            raise ValueError("the chat template does not render conversations incrementally")
+            raise ValueError('the chat template does not render conversations incrementally')
         _, tail = self._head(rendered)
         piece = full[len(rendered):]
         if not add_generation_prompt:
@@ -174,17 +174,17 @@ class PromptBuilder:
         real = full
         for slot, text in zip(slots, texts, strict=True):
             if piece.count(slot) != 1 or full.count(slot) != 1:
-                raise ValueError("the chat template does not render message text as it is")
+                raise ValueError('the chat template does not render message text as it is')
             real = real.replace(slot, text)
         if self.template.render(messages(list(texts)), add_generation_prompt=add_generation_prompt,
                                 tools=tools) != real:
-            raise ValueError("the chat template renders this text differently from other text "
-                             "(it inspects or transforms message text)")
+            raise ValueError('the chat template renders this text differently from other text '
+                             '(it inspects or transforms message text)')
         parts, pos, trusted = [], 0, tail
         for at, slot, text in sorted((piece.index(sl), sl, t)
                                      for sl, t in zip(slots, texts, strict=True)):
             parts += [(trusted + piece[pos:at], True), (text, False)]
-            pos, trusted = at + len(slot), ""
+            pos, trusted = at + len(slot), ''
         parts.append((trusted + piece[pos:], True))
         return self.tokenizer.encode_parts(parts)
 
@@ -197,9 +197,9 @@ class PromptBuilder:
         if system_prompt is None:
             ids = self.tokenizer.encode_parts([(self._prefix((), tools), True)])
             return PromptPiece([], ids)
-        ids = self._encode(lambda ts: {"role": "system", "content": ts[0]}, [system_prompt],
+        ids = self._encode(lambda ts: {'role': 'system', 'content': ts[0]}, [system_prompt],
                            add_generation_prompt=False, history=None, tools=tools)
-        return PromptPiece([{"role": "system", "content": system_prompt}], ids)
+        return PromptPiece([{'role': 'system', 'content': system_prompt}], ids)
 
     def user_turn(self, history: Sequence[dict], text, images: Sequence[np.ndarray] = (),
                   videos: Sequence[VideoClip] = (), tools=None,
@@ -223,21 +223,21 @@ class PromptBuilder:
         if text is not None or images or videos:
             content = self._content([*images, *videos, *_parts(text)], refs, pixels)
         if content is None and not results:
-            raise ValueError("a turn needs a message or tool results")
+            raise ValueError('a turn needs a message or tool results')
         blocks = [c for _, body in results for c in body] + (content or [])
-        texts = [c["text"] for c in blocks if c["type"] == "text"]
+        texts = [c['text'] for c in blocks if c['type'] == 'text']
 
         def message(ts):
             it = iter(ts)
 
             def fill(body):
-                return [{"type": "text", "text": next(it)} if c["type"] == "text" else c
+                return [{'type': 'text', 'text': next(it)} if c['type'] == 'text' else c
                         for c in body]
 
-            made = [{"role": "tool", "tool_call_id": call_id, "content": fill(body)}
+            made = [{'role': 'tool', 'tool_call_id': call_id, 'content': fill(body)}
                     for call_id, body in results]
             if content is not None:
-                made.append({"role": "user", "content": fill(content)})
+                made.append({'role': 'user', 'content': fill(content)})
             return made
 
         raw = self._encode(message, texts, add_generation_prompt=True, history=history,
@@ -251,24 +251,24 @@ class PromptBuilder:
         content = []
         for item in items:
             if isinstance(item, str):
-                content.append({"type": "text", "text": item})
+                content.append({'type': 'text', 'text': item})
                 continue
             if isinstance(item, VideoClip):
                 if self.video_processor is None or self.video_token_id is None:
-                    raise ValueError("this checkpoint takes no video (no video processor or "
-                                     "video pad token)")
-                content.append({"type": "video"})
+                    raise ValueError('this checkpoint takes no video (no video processor or '
+                                     'video pad token)')
+                content.append({'type': 'video'})
                 refs.append(self.video_processor.resize(item))
             elif isinstance(item, np.ndarray):
-                content.append({"type": "image"})
+                content.append({'type': 'image'})
                 processed = self.image_processor.preprocess(item)
                 key = image_key(item)
                 refs.append(ImageRef(processed.image, key, tuple(processed.grid_thw),
                                      processed.num_tokens))
                 pixels[key] = processed.pixel_values
             else:
-                raise ValueError(f"message content must be text, an image (H x W x 3 uint8 "
-                                 f"array) or a VideoClip, got {type(item).__name__}")
+                raise ValueError(f'message content must be text, an image (H x W x 3 uint8 '
+                                 f'array) or a VideoClip, got {type(item).__name__}')
         return content
 
     def _video_ids(self, group_times, tokens_per_group: int):
@@ -278,7 +278,7 @@ class PromptBuilder:
         # (ids before the first pad, the span from the first pad to the last, each group's pad
         # start in the span); the final <|vision_end|> follows the span.
         tok = self.tokenizer
-        groups = [tok.encode(f"<{t:.1f} seconds>") for t in group_times]
+        groups = [tok.encode(f'<{t:.1f} seconds>') for t in group_times]
         head = [*groups[0], tok.vision_start_id]
         span, starts = [], []
         for g, text in enumerate(groups):
@@ -316,8 +316,8 @@ class PromptBuilder:
             ids.extend(span)
             ids.append(self.tokenizer.vision_end_id)
         if len(media) != len(items):
-            raise ValueError(f"the chat template rendered {len(media)} image/video pad(s) for "
-                             f"{len(items)} item(s)")
+            raise ValueError(f'the chat template rendered {len(media)} image/video pad(s) for '
+                             f'{len(items)} item(s)')
         return ids, media
 
     def pixel_values(self, ref: ImageRef | VideoRef) -> torch.Tensor:
@@ -344,4 +344,4 @@ def _parts(text) -> list:
 
 def _slot() -> str:
     # A placeholder no message text can contain by chance or by design (random per prompt).
-    return f"\ue000{secrets.token_hex(16)}\ue001"
+    return f'\ue000{secrets.token_hex(16)}\ue001'

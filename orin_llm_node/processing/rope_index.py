@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["rope_delta", "rope_positions"]
+__all__ = ['rope_delta', 'rope_positions']
 
 
 def _image_positions(start: int, grid: Sequence[int], merge_size: int) -> np.ndarray:
@@ -23,7 +23,7 @@ def _image_positions(start: int, grid: Sequence[int], merge_size: int) -> np.nda
     gh, gw = h // merge_size, w // merge_size
     tt, hh, ww = np.meshgrid(
         np.arange(t, dtype=np.int64), np.arange(gh, dtype=np.int64),
-        np.arange(gw, dtype=np.int64), indexing="ij",
+        np.arange(gw, dtype=np.int64), indexing='ij',
     )
     return np.stack([tt.reshape(-1), hh.reshape(-1), ww.reshape(-1)]) + start
 
@@ -65,19 +65,19 @@ def rope_positions(
         while lo < hi:
             if next_grid >= len(grids):
                 raise ValueError(
-                    f"more image pad tokens than image grids: {len(grids)} grid(s) given"
+                    f'more image pad tokens than image grids: {len(grids)} grid(s) given'
                 )
             grid = grids[next_grid]
             t, h, w = (int(x) for x in grid)
             if h % merge_size or w % merge_size:
                 raise ValueError(
-                    f"image grid {tuple(grid)} is not divisible by merge size {merge_size}"
+                    f'image grid {tuple(grid)} is not divisible by merge size {merge_size}'
                 )
             count = t * h * w // (merge_size * merge_size)
             if lo + count > hi:
                 raise ValueError(
-                    f"image {next_grid} with grid {tuple(grid)} needs {count} pad tokens, "
-                    f"only {hi - lo} found"
+                    f'image {next_grid} with grid {tuple(grid)} needs {count} pad tokens, '
+                    f'only {hi - lo} found'
                 )
             positions[:, lo:lo + count] = _image_positions(pos, grid, merge_size)
             pos += max(h, w) // merge_size
@@ -85,7 +85,7 @@ def rope_positions(
             next_grid += 1
     if next_grid != len(grids):
         raise ValueError(
-            f"{len(grids)} image grid(s) given but the pads cover only {next_grid}"
+            f'{len(grids)} image grid(s) given but the pads cover only {next_grid}'
         )
     return positions, pos
 

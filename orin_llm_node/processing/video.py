@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from orin_llm_node.processing.image import MAX_ASPECT_RATIO
 
-__all__ = ["ProcessedVideo", "VideoClip", "VideoProcessor", "video_key", "video_smart_resize"]
+__all__ = ['ProcessedVideo', 'VideoClip', 'VideoProcessor', 'video_key', 'video_smart_resize']
 
 #: How well a stamp is known at best: to the nanosecond, ROS's resolution (a camera driver
 #: rounds or truncates to it).
@@ -57,9 +57,9 @@ def exact_seconds(values: Sequence) -> tuple[Fraction, ...]:
     try:
         floats = [float(t) for t in values]
     except (TypeError, ValueError):
-        raise ValueError("video timestamps must be numbers (seconds)") from None
+        raise ValueError('video timestamps must be numbers (seconds)') from None
     if not all(math.isfinite(f) for f in floats):
-        raise ValueError(f"video timestamps must be finite, got {tuple(floats)}")
+        raise ValueError(f'video timestamps must be finite, got {tuple(floats)}')
     return tuple(Fraction(t) if isinstance(t, numbers.Rational) else Fraction(f)
                  for t, f in zip(values, floats, strict=True))
 
@@ -91,29 +91,29 @@ class VideoClip:
         frames = tuple(self.frames) if not isinstance(self.frames, np.ndarray) else tuple(
             self.frames[i] for i in range(self.frames.shape[0]))
         if not frames:
-            raise ValueError("video clip has zero frames")
+            raise ValueError('video clip has zero frames')
         for i, f in enumerate(frames):
             if not isinstance(f, np.ndarray):
-                raise ValueError(f"video frame {i} must be a numpy array, got {type(f).__name__}")
+                raise ValueError(f'video frame {i} must be a numpy array, got {type(f).__name__}')
             if f.dtype != np.uint8:
-                raise ValueError(f"video frame {i} must be uint8, got dtype {f.dtype}")
+                raise ValueError(f'video frame {i} must be uint8, got dtype {f.dtype}')
             if f.ndim != 3 or f.shape[2] != 3:
                 raise ValueError(
-                    f"video frame {i} must be H x W x 3 (RGB), got shape {tuple(f.shape)}")
+                    f'video frame {i} must be H x W x 3 (RGB), got shape {tuple(f.shape)}')
             if f.shape != frames[0].shape:
                 raise ValueError(
-                    f"video frames have mixed sizes: frame 0 is {frames[0].shape[1]}x"
-                    f"{frames[0].shape[0]}, frame {i} is {f.shape[1]}x{f.shape[0]}")
+                    f'video frames have mixed sizes: frame 0 is {frames[0].shape[1]}x'
+                    f'{frames[0].shape[0]}, frame {i} is {f.shape[1]}x{f.shape[0]}')
         times = exact_seconds(self.timestamps)
         if len(times) != len(frames):
-            raise ValueError(f"video clip has {len(frames)} frames but {len(times)} timestamps")
+            raise ValueError(f'video clip has {len(frames)} frames but {len(times)} timestamps')
         for i in range(1, len(times)):
             if times[i] <= times[i - 1]:
                 raise ValueError(
-                    f"video timestamps must increase: frame {i} at {float(times[i])} s follows "
-                    f"{float(times[i - 1])} s")
-        object.__setattr__(self, "frames", frames)
-        object.__setattr__(self, "timestamps", times)
+                    f'video timestamps must increase: frame {i} at {float(times[i])} s follows '
+                    f'{float(times[i - 1])} s')
+        object.__setattr__(self, 'frames', frames)
+        object.__setattr__(self, 'timestamps', times)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -127,7 +127,7 @@ class VideoClip:
 def video_key(frames: np.ndarray) -> bytes:
     """Content hash of a clip's frames as the model sees them (``[T, H, W, 3]`` uint8)."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(b"video" + repr(frames.shape).encode())
+    h.update(b'video' + repr(frames.shape).encode())
     h.update(np.ascontiguousarray(frames).data)
     return h.digest()
 
@@ -146,14 +146,14 @@ def video_smart_resize(num_frames: int, height: int, width: int, temporal_factor
     """
     if num_frames < temporal_factor:
         raise ValueError(
-            f"a video clip needs at least {temporal_factor} frames (temporal_patch_size), got "
-            f"{num_frames}; send a single frame as an image")
+            f'a video clip needs at least {temporal_factor} frames (temporal_patch_size), got '
+            f'{num_frames}; send a single frame as an image')
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ValueError(f"video aspect ratio {max(height, width) / min(height, width):.1f} "
-                         f"({height}x{width}) exceeds {MAX_ASPECT_RATIO}")
+        raise ValueError(f'video aspect ratio {max(height, width) / min(height, width):.1f} '
+                         f'({height}x{width}) exceeds {MAX_ASPECT_RATIO}')
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     t_bar = round(num_frames / temporal_factor) * temporal_factor
@@ -216,20 +216,20 @@ class VideoProcessor:
     RATE_TOLERANCE = 1.05
 
     def __post_init__(self):
-        for name in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels",
-                     "min_frames", "max_frames", "max_video_tokens"):
+        for name in ('patch_size', 'temporal_patch_size', 'merge_size', 'min_pixels',
+                     'min_frames', 'max_frames', 'max_video_tokens'):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"video {name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f'video {name} must be >= 1, got {getattr(self, name)}')
         if not (self.fps > 0 and math.isfinite(self.fps)):
-            raise ValueError(f"video fps must be > 0, got {self.fps}")
+            raise ValueError(f'video fps must be > 0, got {self.fps}')
         if self.min_pixels > self.max_pixels:
-            raise ValueError(f"video min_pixels {self.min_pixels} is larger than max_pixels "
-                             f"{self.max_pixels}")
+            raise ValueError(f'video min_pixels {self.min_pixels} is larger than max_pixels '
+                             f'{self.max_pixels}')
         if len(self.mean) != 3 or len(self.std) != 3 or any(s == 0 for s in self.std):
-            raise ValueError(f"video mean/std need 3 values, std non-zero: {self.mean}, "
-                             f"{self.std}")
-        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
-        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+            raise ValueError(f'video mean/std need 3 values, std non-zero: {self.mean}, '
+                             f'{self.std}')
+        object.__setattr__(self, 'mean', tuple(float(m) for m in self.mean))
+        object.__setattr__(self, 'std', tuple(float(s) for s in self.std))
 
     @property
     def factor(self) -> int:
@@ -237,7 +237,7 @@ class VideoProcessor:
         return self.patch_size * self.merge_size
 
     @classmethod
-    def from_pretrained(cls, model_dir) -> "VideoProcessor":
+    def from_pretrained(cls, model_dir) -> 'VideoProcessor':
         """
         Read the video processor settings of a checkpoint directory, as transformers does.
 
@@ -248,34 +248,34 @@ class VideoProcessor:
         """
         root = Path(model_dir)
         cfg = None
-        nested = root / "processor_config.json"
+        nested = root / 'processor_config.json'
         if nested.is_file():
-            cfg = json.loads(nested.read_text()).get("video_processor")
-        for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+            cfg = json.loads(nested.read_text()).get('video_processor')
+        for name in ('video_preprocessor_config.json', 'preprocessor_config.json'):
             if cfg is None and (root / name).is_file():
                 cfg = json.loads((root / name).read_text())
         cfg = cfg or {}
-        if int(cfg.get("resample", 3)) != int(Image.Resampling.BICUBIC):
+        if int(cfg.get('resample', 3)) != int(Image.Resampling.BICUBIC):
             raise ValueError(f"video resample {cfg['resample']} is not supported (bicubic only)")
-        size = cfg.get("size") or {}
+        size = cfg.get('size') or {}
         d = cls()
         return cls(
-            patch_size=int(cfg.get("patch_size", d.patch_size)),
-            temporal_patch_size=int(cfg.get("temporal_patch_size", d.temporal_patch_size)),
-            merge_size=int(cfg.get("merge_size", d.merge_size)),
-            min_pixels=int(size.get("shortest_edge", d.min_pixels)),
-            max_pixels=int(size.get("longest_edge", d.max_pixels)),
-            mean=tuple(cfg.get("image_mean", d.mean)),
-            std=tuple(cfg.get("image_std", d.std)),
-            rescale_factor=float(cfg.get("rescale_factor", d.rescale_factor)),
-            fps=float(cfg.get("fps", d.fps)),
-            min_frames=int(cfg.get("min_frames", d.min_frames)),
-            max_frames=int(cfg.get("max_frames", d.max_frames)),
-            cap_pixels_per_frame=bool(cfg.get("cap_pixels_per_frame") or False),
-            max_video_tokens=int(cfg.get("max_video_tokens", d.max_video_tokens)),
+            patch_size=int(cfg.get('patch_size', d.patch_size)),
+            temporal_patch_size=int(cfg.get('temporal_patch_size', d.temporal_patch_size)),
+            merge_size=int(cfg.get('merge_size', d.merge_size)),
+            min_pixels=int(size.get('shortest_edge', d.min_pixels)),
+            max_pixels=int(size.get('longest_edge', d.max_pixels)),
+            mean=tuple(cfg.get('image_mean', d.mean)),
+            std=tuple(cfg.get('image_std', d.std)),
+            rescale_factor=float(cfg.get('rescale_factor', d.rescale_factor)),
+            fps=float(cfg.get('fps', d.fps)),
+            min_frames=int(cfg.get('min_frames', d.min_frames)),
+            max_frames=int(cfg.get('max_frames', d.max_frames)),
+            cap_pixels_per_frame=bool(cfg.get('cap_pixels_per_frame') or False),
+            max_video_tokens=int(cfg.get('max_video_tokens', d.max_video_tokens)),
         )
 
-    def capped(self, max_pixels: int | None = None) -> "VideoProcessor":
+    def capped(self, max_pixels: int | None = None) -> 'VideoProcessor':
         """A copy whose clip pixel maximum is lowered to ``max_pixels`` (never raised).
 
         The minimum follows it down where it would exceed it; None keeps the bounds.
@@ -332,7 +332,7 @@ class VideoProcessor:
         ``patchify`` turns it into the vision tower's input.
         """
         if not isinstance(clip, VideoClip):
-            raise ValueError(f"a video must be a VideoClip, got {type(clip).__name__}")
+            raise ValueError(f'a video must be a VideoClip, got {type(clip).__name__}')
         idx = self.sample_indices(clip.timestamps)
         height, width = clip.size
         new_h, new_w = self.target_size(len(idx), height, width)
@@ -340,7 +340,7 @@ class VideoProcessor:
         video = torch.from_numpy(np.stack([clip.frames[i] for i in idx])).permute(0, 3, 1, 2)
         video = video.contiguous()
         if (new_h, new_w) != (height, width):
-            video = F.interpolate(video, size=[new_h, new_w], mode="bicubic",
+            video = F.interpolate(video, size=[new_h, new_w], mode='bicubic',
                                   align_corners=False, antialias=True)
         frames = np.ascontiguousarray(video.permute(0, 2, 3, 1).numpy())
         return VideoClip(frames, [clip.timestamps[i] for i in idx])

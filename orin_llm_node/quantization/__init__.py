@@ -12,10 +12,10 @@ from .int8 import Int8Linear
 #: ``EngineConfig.quantization`` values that quantize a float checkpoint's decoder projections
 #: as they load (round-to-nearest, no calibration) -> (layer class, asymmetric).
 AT_LOAD_FORMATS: dict[str, tuple[type[QuantLinear], bool]] = {
-    "int8": (Int8Linear, False),
-    "int4": (Int4Linear, False),
-    "int4_asym": (Int4Linear, True),
-    "fp8": (Fp8Linear, False),
+    'int8': (Int8Linear, False),
+    'int4': (Int4Linear, False),
+    'int4_asym': (Int4Linear, True),
+    'fp8': (Fp8Linear, False),
 }
 
 
@@ -28,5 +28,5 @@ def model_weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-__all__ = ["AT_LOAD_FORMATS", "Fp8Linear", "Int4Linear", "Int8Linear",
-           "QuantLinear", "model_weight_bytes"]
+__all__ = ['AT_LOAD_FORMATS', 'Fp8Linear', 'Int4Linear', 'Int8Linear',
+           'QuantLinear', 'model_weight_bytes']

@@ -33,7 +33,7 @@ from orin_llm_node.kernels.dispatch import kernels_for
 from . import cpu_layout
 from .groups import per_group_
 
-__all__ = ["QuantLinear"]
+__all__ = ['QuantLinear']
 
 
 class QuantLinear(nn.Module, ABC):
@@ -65,22 +65,22 @@ class QuantLinear(nn.Module, ABC):
                  asymmetric: bool = False, device=None):
         super().__init__()
         if group_size <= 0:
-            raise ValueError(f"group_size must be positive, got {group_size}")
+            raise ValueError(f'group_size must be positive, got {group_size}')
         self.in_features, self.out_features = in_features, out_features
         self.group_size = min(group_size, in_features)
         self.num_groups = math.ceil(in_features / self.group_size)
         self.asymmetric = asymmetric
-        self.register_buffer("qweight", self._empty_codes(device))
+        self.register_buffer('qweight', self._empty_codes(device))
         self.register_buffer(
-            "scale", torch.empty(out_features, self.num_groups, dtype=torch.float32,
+            'scale', torch.empty(out_features, self.num_groups, dtype=torch.float32,
                                  device=device))
         self.register_buffer(
-            "zero", torch.empty(out_features, self.num_groups, dtype=torch.uint8,
+            'zero', torch.empty(out_features, self.num_groups, dtype=torch.uint8,
                                 device=device) if asymmetric else None)
         self.bias = (nn.Parameter(torch.empty(out_features, device=device), requires_grad=False)
                      if bias else None)
         #: The codes in the CPU layout once :meth:`use_cpu_layout` ran (``qweight`` is None then).
-        self.register_buffer("cpu_codes", None)
+        self.register_buffer('cpu_codes', None)
 
     # ------------------------------------------------------------------ format specifics
 
@@ -124,9 +124,9 @@ class QuantLinear(nn.Module, ABC):
 
     def extra_repr(self) -> str:
         """Shape, format and grouping (printed by ``repr(model)``)."""
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"format={self.format}, group_size={self.group_size}, "
-                f"asymmetric={self.asymmetric}, bias={self.bias is not None}")
+        return (f'in_features={self.in_features}, out_features={self.out_features}, '
+                f'format={self.format}, group_size={self.group_size}, '
+                f'asymmetric={self.asymmetric}, bias={self.bias is not None}')
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense weight ``[out, in]`` in ``dtype`` (computed in fp32, cast once)."""
@@ -158,29 +158,29 @@ class QuantLinear(nn.Module, ABC):
         The tensors are in this layout already (``quantization/checkpoint_formats.py`` converts
         the on-disk layouts). Returns the number of rows written.
         """
-        rows = tensors["scale"].shape[0]
+        rows = tensors['scale'].shape[0]
         if self.qweight is None:
-            raise ValueError("the codes are in the CPU layout already: load before "
-                             "use_cpu_layout()")
+            raise ValueError('the codes are in the CPU layout already: load before '
+                             'use_cpu_layout()')
         if row0 + rows > self.out_features:
-            raise ValueError(f"rows {row0}..{row0 + rows} exceed out_features "
-                             f"{self.out_features}")
-        names = ["qweight", "scale"] + (["zero"] if self.asymmetric else [])
+            raise ValueError(f'rows {row0}..{row0 + rows} exceed out_features '
+                             f'{self.out_features}')
+        names = ['qweight', 'scale'] + (['zero'] if self.asymmetric else [])
         if sorted(tensors) != sorted(names):
-            raise ValueError(f"expected tensors {names}, got {sorted(tensors)}")
+            raise ValueError(f'expected tensors {names}, got {sorted(tensors)}')
         for name in names:
             dst = getattr(self, name)[row0:row0 + rows]
             if tuple(tensors[name].shape) != tuple(dst.shape):
-                raise ValueError(f"{name} has shape {list(tensors[name].shape)}, the layer "
-                                 f"needs {list(dst.shape)}")
+                raise ValueError(f'{name} has shape {list(tensors[name].shape)}, the layer '
+                                 f'needs {list(dst.shape)}')
             dst.copy_(tensors[name])
         return rows
 
     def quantize_from(self, weight: torch.Tensor, row0: int = 0) -> int:
         """Quantize a float weight part ``[rows, in]`` into rows ``row0...`` (round-to-nearest)."""
         if weight.dim() != 2 or weight.shape[1] != self.in_features:
-            raise ValueError(f"weight of shape {list(weight.shape)} for in_features "
-                             f"{self.in_features}")
+            raise ValueError(f'weight of shape {list(weight.shape)} for in_features '
+                             f'{self.in_features}')
         return self.load_rows(self.quantize_rows(weight.float(), self.group_size,
                                                  self.asymmetric), row0)
 
@@ -193,8 +193,8 @@ class QuantLinear(nn.Module, ABC):
         and zero points keep their shape ``[out, G]`` but are stored group-major, as the
         decode reads them. Only the CPU path reads that layout.
         """
-        if self.qweight.device.type != "cpu":
-            raise ValueError(f"the CPU layout is for CPU layers, not {self.qweight.device}")
+        if self.qweight.device.type != 'cpu':
+            raise ValueError(f'the CPU layout is for CPU layers, not {self.qweight.device}')
         codes = self._cpu_codes()
         self.qweight = None
         self.cpu_codes = codes

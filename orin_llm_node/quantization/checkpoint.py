@@ -24,13 +24,13 @@ from .base import QuantLinear
 from .checkpoint_formats import AT_LOAD, DECLARED, LayerQuant, unsupported
 
 __all__ = [
-    "LayerQuant",
-    "QuantPlan",
-    "plan_quantization",
+    'LayerQuant',
+    'QuantPlan',
+    'plan_quantization',
 ]
 
 #: Our module names that quantize-at-load converts: the text decoder's projections.
-_DECODER_PROJ = re.compile(r"^language_model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj$")
+_DECODER_PROJ = re.compile(r'^language_model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj$')
 
 
 class QuantPlan:
@@ -48,9 +48,9 @@ class QuantPlan:
 
     def tensor_role(self, key: str) -> tuple[str, str] | None:
         """``(checkpoint layer, tensor suffix)`` when ``key`` belongs to a quantized layer."""
-        module, _, suffix = key.rpartition(".")
+        module, _, suffix = key.rpartition('.')
         lq = self.layers.get(module)
-        if lq is None or suffix == "bias":
+        if lq is None or suffix == 'bias':
             return None
         return module, suffix
 
@@ -64,8 +64,8 @@ class QuantPlan:
         lq = self.layers[module]
         want = lq.tensors
         if suffix not in want:
-            raise ModelLoadError(f"{module}.{suffix}: unexpected tensor for a "
-                                 f"{lq.storage.name} {layer.format} layer")
+            raise ModelLoadError(f'{module}.{suffix}: unexpected tensor for a '
+                                 f'{lq.storage.name} {layer.format} layer')
         got = self._pending.setdefault(module, {})
         got[suffix] = tensor
         if set(got) != want:
@@ -74,15 +74,15 @@ class QuantPlan:
         try:
             rows = lq.storage.load(got, layer, row0)
         except ValueError as e:
-            raise ModelLoadError(f"{module}: {e}") from None
+            raise ModelLoadError(f'{module}: {e}') from None
         self._rows[layer] = self._rows.get(layer, 0) + rows
-        if self._rows[layer] == layer.out_features and layer.qweight.device.type == "cpu":
+        if self._rows[layer] == layer.out_features and layer.qweight.device.type == 'cpu':
             layer.use_cpu_layout()
         return True
 
 
 def plan_quantization(model_dir: Path, qc, keys: list[str], linears: dict[str, str],
-                      quantization: str = "none") -> QuantPlan | None:
+                      quantization: str = 'none') -> QuantPlan | None:
     """Decide which checkpoint layers load quantized, and how.
 
     ``qc``: the config's ``quantization_config`` (``Qwen3VLConfig.quantization_config``, None
@@ -93,19 +93,19 @@ def plan_quantization(model_dir: Path, qc, keys: list[str], linears: dict[str, s
     model.
     """
     if qc is not None:
-        method = qc.get("quant_method") if isinstance(qc, dict) else None
-        if quantization != "none":
+        method = qc.get('quant_method') if isinstance(qc, dict) else None
+        if quantization != 'none':
             raise ModelLoadError(
                 f"{model_dir}: the checkpoint is already quantized ({method}); "
                 f"quantization={quantization!r} applies to float checkpoints only (use 'none')")
         storage = DECLARED.get(method) if isinstance(method, str) else None
         if storage is None:
-            raise unsupported(model_dir, qc if isinstance(qc, dict) else {}, "unknown method")
+            raise unsupported(model_dir, qc if isinstance(qc, dict) else {}, 'unknown method')
         layers = storage.layers(model_dir, qc, keys, linears)
-        kinds = sorted({f"{lq.cls.format}" + ("-asym" if lq.asymmetric else "")
+        kinds = sorted({f'{lq.cls.format}' + ('-asym' if lq.asymmetric else '')
                         for lq in layers.values()})
         return QuantPlan(layers, f"{method}:{'+'.join(kinds)}")
-    if quantization == "none":
+    if quantization == 'none':
         return None
     if quantization not in AT_LOAD_FORMATS:
         raise ValueError(f"quantization must be 'none' or one of {sorted(AT_LOAD_FORMATS)}, "
@@ -113,5 +113,5 @@ def plan_quantization(model_dir: Path, qc, keys: list[str], linears: dict[str, s
     lq = AT_LOAD.layer(*AT_LOAD_FORMATS[quantization])
     layers = {m: lq for m, ours in linears.items() if _DECODER_PROJ.match(ours)}
     if not layers:
-        raise ModelLoadError(f"{model_dir}: no decoder projections found to quantize")
-    return QuantPlan(layers, f"{lq.storage.name}:{quantization}")
+        raise ModelLoadError(f'{model_dir}: no decoder projections found to quantize')
+    return QuantPlan(layers, f'{lq.storage.name}:{quantization}')

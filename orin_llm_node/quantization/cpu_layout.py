@@ -39,7 +39,7 @@ import torch
 from . import scratch
 from .groups import grouped, per_group_
 
-__all__ = ["BAG", "DECODE_MAX_ROWS", "SERIAL_ELEMENTS", "dequantize", "linear"]
+__all__ = ['BAG', 'DECODE_MAX_ROWS', 'SERIAL_ELEMENTS', 'dequantize', 'linear']
 
 #: Most input columns summed by one embedding bag (see the module docstring).
 BAG = 64
@@ -50,7 +50,7 @@ DECODE_MAX_ROWS = 4
 #: (``at::internal::GRAIN_SIZE``); the decode's small ops stay at or under this.
 SERIAL_ELEMENTS = 32767
 
-_CPU = torch.device("cpu")
+_CPU = torch.device('cpu')
 
 
 def _work(role: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -120,7 +120,7 @@ def _tile_group_sums(layer, x: torch.Tensor) -> torch.Tensor:
     rows, full = x.shape[0], k // gs
     sums = torch.empty(layer.num_groups, rows, n)
     per_tile = max(1, scratch.TILE_ELEMENTS // (gs * n))
-    buf = _work("weight", min(full, per_tile) * gs * n if full else k * n, torch.float32)
+    buf = _work('weight', min(full, per_tile) * gs * n if full else k * n, torch.float32)
     xg = x[:, :full * gs].view(rows, full, gs).transpose(0, 1)  # [groups, rows, gs]
     for g0 in range(0, full, per_tile):
         g1 = min(full, g0 + per_tile)
@@ -199,7 +199,7 @@ def _prefill(layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     k, n = layer.in_features, layer.out_features
     out = torch.empty(x.shape[0], n)
     chunks = _row_chunks(layer)
-    buf = _work("weight", k * (chunks[0][1] - chunks[0][0]), torch.float32)
+    buf = _work('weight', k * (chunks[0][1] - chunks[0][0]), torch.float32)
     for r0, r1 in chunks:
         w = buf[:k * (r1 - r0)].view(k, r1 - r0)
         _weights_into(layer, w, r0)

@@ -14,7 +14,7 @@ import torch
 from .base import QuantLinear
 from .groups import abs_max, divided_by_groups, grouped
 
-__all__ = ["BLOCK", "E4M3_MAX", "Fp8Linear", "block_scales_to_rows"]
+__all__ = ['BLOCK', 'E4M3_MAX', 'Fp8Linear', 'block_scales_to_rows']
 
 BLOCK = 128
 E4M3_MAX = 448.0
@@ -35,7 +35,7 @@ def _decode_into(out: torch.Tensor, codes: torch.Tensor, work) -> None:
     produced by quantizers and are not special-cased, as in cuda_kernels/quant_linear.cu.
     """
     signed = codes.view(torch.int8)
-    half = work("codes", signed.numel(), torch.int16).view(signed.shape).copy_(signed)
+    half = work('codes', signed.numel(), torch.int16).view(signed.shape).copy_(signed)
     # The sign-extended int8 times 2^7 (a shift, faster as a multiply here) has the sign in
     # bits 15 and 14: clear bit 14.
     half.mul_(128).bitwise_and_(~0x4000)
@@ -45,7 +45,7 @@ def _decode_into(out: torch.Tensor, codes: torch.Tensor, work) -> None:
 class Fp8Linear(QuantLinear):
     """``qweight`` uint8 (e4m3 bits) ``[out, in]``; ``scale [out, ceil(in / 128)]``."""
 
-    format = "fp8"
+    format = 'fp8'
     chunk = 16
     bits = 8
     at_load_group = BLOCK  # the 128x128 blocks of Qwen's FP8 checkpoints
@@ -53,7 +53,7 @@ class Fp8Linear(QuantLinear):
     def __init__(self, in_features: int, out_features: int, group_size: int = BLOCK,
                  bias: bool = False, asymmetric: bool = False, device=None):
         if asymmetric or group_size not in (BLOCK, min(BLOCK, in_features)):
-            raise ValueError(f"fp8 weights are symmetric with {BLOCK}x{BLOCK} blocks")
+            raise ValueError(f'fp8 weights are symmetric with {BLOCK}x{BLOCK} blocks')
         super().__init__(in_features, out_features, BLOCK, bias, False, device)
 
     def _empty_codes(self, device) -> torch.Tensor:
@@ -82,4 +82,4 @@ class Fp8Linear(QuantLinear):
         scale = block_scales_to_rows(block_scale, rows)
         codes = divided_by_groups(weight, scale, BLOCK).clamp_(-E4M3_MAX, E4M3_MAX)
         codes = codes.to(torch.float8_e4m3fn)
-        return {"qweight": codes.view(torch.uint8), "scale": scale}
+        return {'qweight': codes.view(torch.uint8), 'scale': scale}

@@ -9,7 +9,7 @@ last group possibly shorter.
 import torch
 import torch.nn.functional as F
 
-__all__ = ["abs_max", "divided_by_groups", "grouped", "per_group_"]
+__all__ = ['abs_max', 'divided_by_groups', 'grouped', 'per_group_']
 
 
 def grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from .base import QuantLinear
 from .groups import abs_max, divided_by_groups, grouped, per_group_
 
-__all__ = ["Int4Linear", "pack_int4", "unpack_int4"]
+__all__ = ['Int4Linear', 'pack_int4', 'unpack_int4']
 
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 #: The fp16 scale 1 and offset -8 ending each CPU-layout row: fbgemm's 4-bit rows hold the
@@ -49,8 +49,8 @@ def _nibbles(packed: torch.Tensor, work) -> torch.Tensor:
     nibble in the low byte) -- four passes over int16 in place of eight shifts over int32 and
     a gather. The result is a view of ``work``'s buffers.
     """
-    pairs = work("codes", packed.numel(), torch.int16).view(packed.shape).copy_(packed)
-    shifted = work("codes_shifted", packed.numel(), torch.int16).view(packed.shape)
+    pairs = work('codes', packed.numel(), torch.int16).view(packed.shape).copy_(packed)
+    shifted = work('codes_shifted', packed.numel(), torch.int16).view(packed.shape)
     torch.bitwise_left_shift(pairs, 4, out=shifted)
     pairs.bitwise_or_(shifted).bitwise_and_(0x0F0F)
     return pairs.view(torch.uint8)
@@ -59,7 +59,7 @@ def _nibbles(packed: torch.Tensor, work) -> torch.Tensor:
 class Int4Linear(QuantLinear):
     """``qweight`` int32 ``[out, ceil(in / 8)]``; ``scale [out, G]``; ``zero`` uint8 if asym."""
 
-    format = "int4"
+    format = 'int4'
     chunk = 32
     bits = 4
     at_load_group = 128
@@ -122,9 +122,9 @@ class Int4Linear(QuantLinear):
             zero = torch.round(-lo / scale).clamp_(0, 15)
             u = divided_by_groups(weight, scale, group_size).round_()
             per_group_(torch.Tensor.add_, u, zero, group_size)
-            return {"qweight": pack_int4(u.clamp_(0, 15)), "scale": scale,
-                    "zero": zero.to(torch.uint8)}
+            return {'qweight': pack_int4(u.clamp_(0, 15)), 'scale': scale,
+                    'zero': zero.to(torch.uint8)}
         amax = abs_max(g)
         scale = torch.where(amax > 0, amax / 7.0, torch.ones_like(amax))
         q = divided_by_groups(weight, scale, group_size).round_().clamp_(-8, 7)
-        return {"qweight": pack_int4(q.add_(8)), "scale": scale}
+        return {'qweight': pack_int4(q.add_(8)), 'scale': scale}

@@ -7,7 +7,7 @@ import torch
 from .base import QuantLinear
 from .groups import abs_max, divided_by_groups, grouped
 
-__all__ = ["Int8Linear"]
+__all__ = ['Int8Linear']
 
 #: The fp32 scale 1 and offset -128 ending each CPU-layout row: fbgemm's 8-bit rows hold
 #: ``q + 128`` and give ``1 * (q + 128) - 128 = q``.
@@ -17,7 +17,7 @@ _ROW_TAIL = torch.tensor([1.0, -128.0]).view(torch.uint8)
 class Int8Linear(QuantLinear):
     """``qweight`` int8 ``[out, in]``; ``scale [out, G]`` (G = 1: per output channel)."""
 
-    format = "int8"
+    format = 'int8'
     chunk = 16
     bits = 8
     at_load_group = None  # per output channel
@@ -25,7 +25,7 @@ class Int8Linear(QuantLinear):
     def __init__(self, in_features: int, out_features: int, group_size: int | None = None,
                  bias: bool = False, asymmetric: bool = False, device=None):
         if asymmetric:
-            raise ValueError("int8 weights are symmetric only")
+            raise ValueError('int8 weights are symmetric only')
         super().__init__(in_features, out_features, group_size or in_features, bias,
                          asymmetric=False, device=device)
 
@@ -59,4 +59,4 @@ class Int8Linear(QuantLinear):
         scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
         q = divided_by_groups(weight, scale, group_size).round_().clamp_(-127, 127)
         q = q.to(torch.int8)
-        return {"qweight": q, "scale": scale}
+        return {'qweight': q, 'scale': scale}

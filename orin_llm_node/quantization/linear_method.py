@@ -16,7 +16,7 @@ from orin_llm_node.layers.linear import LinearBase, LinearMethod
 
 from .base import QuantLinear
 
-__all__ = ["QuantLinearMethod", "quant_part", "quantize_module"]
+__all__ = ['QuantLinearMethod', 'quant_part', 'quantize_module']
 
 
 class QuantLinearMethod(LinearMethod):
@@ -32,7 +32,7 @@ class QuantLinearMethod(LinearMethod):
         if layer.has_bias:
             layer.bias = nn.Parameter(torch.empty(layer.output_size), requires_grad=False)
         else:
-            layer.register_parameter("bias", None)
+            layer.register_parameter('bias', None)
 
     def apply(self, layer: LinearBase, x: torch.Tensor) -> torch.Tensor:
         """The quantized matmul (kernels on CUDA, dequantise + ``F.linear`` on the CPU)."""
@@ -46,7 +46,7 @@ def quantize_module(owner: nn.Module, attr: str, make_quant) -> None:
     ``make_quant(in_features, out_features, bias=False) -> QuantLinear``.
     """
     module = getattr(owner, attr)
-    with torch.device("meta"):
+    with torch.device('meta'):
         if isinstance(module, LinearBase):
             del module.weight
             module.method = QuantLinearMethod(make_quant)
@@ -55,7 +55,7 @@ def quantize_module(owner: nn.Module, attr: str, make_quant) -> None:
             setattr(owner, attr, make_quant(module.in_features, module.out_features,
                                             bias=module.bias is not None))
         else:
-            raise TypeError(f"{attr}: cannot quantize a {type(module).__name__}")
+            raise TypeError(f'{attr}: cannot quantize a {type(module).__name__}')
 
 
 def quant_part(module: nn.Module, shard_id=None) -> tuple[QuantLinear, int]:

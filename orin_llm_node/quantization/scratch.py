@@ -19,7 +19,7 @@ import weakref
 
 import torch
 
-__all__ = ["TILE_ELEMENTS", "buffer", "held_bytes"]
+__all__ = ['TILE_ELEMENTS', 'buffer', 'held_bytes']
 
 #: Weights per dequantised tile: 4 MiB of fp32, inside a last-level cache (L2-sized FP8
 #: tiles of 2^16..2^18 were 1.4-2.2x slower per weight on a 2-core x86: the per-op
@@ -27,7 +27,7 @@ __all__ = ["TILE_ELEMENTS", "buffer", "held_bytes"]
 TILE_ELEMENTS = 1 << 20
 
 _local = threading.local()
-_live: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()  # every thread's buffers
+_live: 'weakref.WeakSet[torch.Tensor]' = weakref.WeakSet()  # every thread's buffers
 
 
 def buffer(role: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -35,7 +35,7 @@ def buffer(role: str, numel: int, dtype: torch.dtype, device: torch.device) -> t
 
     ``role`` keeps buffers that are alive at the same time apart. Contents are undefined.
     """
-    pool = getattr(_local, "pool", None)
+    pool = getattr(_local, 'pool', None)
     if pool is None:
         pool = _local.pool = {}
     key = (role, dtype, torch.device(device))

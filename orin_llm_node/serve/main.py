@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--max-queue', type=int, default=8,
                    help='requests that may wait for the engine; more are refused with 429')
     p.add_argument('--max-conversations', type=int, default=16,
-                   help='conversations kept for their clients\' next turns (prefix cache)')
+                   help="conversations kept for their clients' next turns (prefix cache)")
     p.add_argument('--default-max-tokens', type=int, default=512,
                    help='max_tokens of a request that gives none')
     p.add_argument('--device', default='auto')
