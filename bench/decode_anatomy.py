@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Anatomy of one batch-1 decode step on a GPU: where a token's time goes (issue 12).
+"""Anatomy of one batch-1 decode step on a GPU: where a token's time goes.
 
 For a full-size random-weight Qwen3-VL (bf16, CUDA graphs; default 2B) it measures, in one run:
 

@@ -303,7 +303,7 @@ def bench_model(size: str, args, workdir: Path) -> dict:
         e['graph_vs_eager'] = e['graph_tok_s'] / e['eager_tok_s']
         e['vs_transformers'] = e['graph_tok_s'] / e['transformers_tok_s']
     out['second_turn_ttft_ratio'] = out['second_turn_ttft_s'] / out['cold_ttft_s']
-    # Issue 12's targets: 2B >= 50 % of the bound, 8B >= 70 %; the longest context >= 80 % of
+    # The targets: 2B >= 50 % of the bound, 8B >= 70 %; the longest context >= 80 % of
     # the shortest's speed; graph >= 3x eager; >= 20x transformers.
     target = {'2b': 0.50, '4b': 0.50, '8b': 0.70}.get(size, 0.5)
     short = out['decode'][str(min(args.contexts))]

@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""Decode speed and weight memory per weight format: bf16 vs INT8 vs INT4 vs FP8 (issue 14).
+"""Decode speed and weight memory per weight format: bf16 vs INT8 vs INT4 vs FP8.
 
 For each model size and format, in one run on one GPU: full-size random-weight Qwen3-VL (the
 published configs; quantized formats round random bf16-scale weights at load, as

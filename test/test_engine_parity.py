@@ -55,7 +55,7 @@ def test_one_image(engine, ref):
     conv = engine.new_conversation('You are a helpful assistant running on a robot.')
     img = random_image(1, 100, 130)
     res = check_turn(engine, ref, conv, 'Describe the image.', [img])
-    # The conversation keeps the image at the size the model sees (issue 21), not the frame.
+    # The conversation keeps the image at the size the model sees, not the frame.
     resize = engine.prompts.image_processor.resize
     assert len(res.prompt_images) == 1
     assert np.array_equal(res.prompt_images[0], resize(img))

@@ -1,6 +1,6 @@
 # Copyright 2026 orin_llm_node developers
 # SPDX-License-Identifier: Apache-2.0
-"""The engine against clumsy or hostile callers (issue 21).
+"""The engine against clumsy or hostile callers.
 
 Image memory, sampling values, control-token strings in text, unusable system prompts, and
 calls from several threads.

@@ -11,6 +11,7 @@ logits must equal the reference's to fp32 rounding (the same 1e-4 as the float p
 import json
 from pathlib import Path
 
+from _model_reference import LOGIT_TOL, build_prompt, our_logits, reference_logits
 from _quantized_checkpoints import (
     compressed_tensors_checkpoint,
     e4m3_to_float,
@@ -18,7 +19,6 @@ from _quantized_checkpoints import (
     load_ct_reference,
 )
 import pytest
-from test_model_parity import LOGIT_TOL, build_prompt, our_logits, reference_logits
 import torch
 
 from orin_llm_node.errors import ModelLoadError
