@@ -10,12 +10,15 @@ engine at once; the server listens on 127.0.0.1 only unless told otherwise.
 import concurrent.futures
 import time
 
-import httpx
 import psutil
 import pytest
 from serve_support import Server
 
 LONG = {'max_tokens': 15000, 'ignore_eos': True}
+
+# The off-board extras (requirements/openai.txt, serve.txt) are optional on a robot.
+httpx = pytest.importorskip('httpx')
+pytest.importorskip('fastapi')
 
 
 @pytest.fixture(scope='module')
