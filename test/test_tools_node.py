@@ -7,11 +7,14 @@ scaled down to the model's size, ``wrist`` scaled up): ``detect`` gives ``respon
 ``detections`` in each camera frame's own pixels with its frame_id and stamp; tool calls come
 back in ``response/info`` with the request's tag and their results go back in the next turn
 (through the prefix cache); bad tool and grounding requests are refused with the reason; the
-``tools`` parameter is refused and kept like ``response_format``; the node serves on.
+``tools`` parameter is refused and kept like ``response_format``; the node serves on;
+``orin_llm_chat --tools/--tool-results/--detect`` prints calls and boxes as JSON lines.
 """
 
 from fractions import Fraction
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -23,6 +26,7 @@ from _ros_harness import (  # noqa: E402
     RELIABLE,
     START_TIMEOUT,
     Probe,
+    ros_env,
     start_node,
     stop,
 )
@@ -223,3 +227,38 @@ def test_the_tools_parameter_is_refused_and_kept_and_applies_to_plain_prompts(ro
         assert probe.set_params(tools='')[0].successful
     alive = robot.ask({'prompt': 'Are you still there?', 'conversation': 'new'})
     assert alive['error'] is None and alive['text'] is not None
+
+
+def chat(*args):
+    cmd = [sys.executable, '-m', 'orin_llm_node.cli.chat', '-n', NS, '--timeout', '120']
+    return subprocess.run(cmd + list(args), env=ros_env(), capture_output=True, text=True,
+                          timeout=180)
+
+
+def test_chat_client_prints_calls_answers_them_and_prints_boxes(robot, tmp_path):
+    tools, results = tmp_path / 'tools.json', tmp_path / 'results.json'
+    tools.write_text(json.dumps(TOOLS))
+    results.write_text(json.dumps({'point_at': {'pointed': True}, 'stop': 'stopped'}))
+    robot.frames(40)
+    out = chat('--tools', str(tools), '--tool-choice', 'point_at', '--tool-results',
+               str(results), 'Point at the red circle.')
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    call = json.loads(lines[0])
+    assert call['name'] == 'point_at' and set(call) == {'id', 'name', 'arguments'}
+    assert 'finish_reason=tool_calls' in out.stderr, out.stderr
+    # The follow-up turn answered the results: its text (or calls) after the first calls.
+    assert len(lines) >= 2 and out.stderr.count('[request ') == 2, out
+    robot.frames(41)
+    out = chat('--detect', 'red cup, gripper')
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in out.stdout.splitlines():
+        det = json.loads(line)
+        assert det['camera'] in CAMERAS and det['label'] in LABELS
+        assert det['bbox'] == camera_pixels(det['bbox_2d'], CAMERAS[det['camera']])
+    assert 'detection(s)' in out.stderr
+    for bad, reason in ((['--tool-results', str(results), 'Hi'], 'need --tools'),
+                        (['--tools', str(tools), '--json', 'Hi'], '--tools excludes'),
+                        (['--tools', str(tools)], 'the question is required')):
+        out = chat(*bad)
+        assert out.returncode == 2 and reason in out.stderr, out.stderr
