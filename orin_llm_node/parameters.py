@@ -98,12 +98,11 @@ def _tools_text(v):
 
 
 def tools_value(text):
-    """The ``tools`` parameter's JSON text as a list (empty text or ``[]``: None).
+    """The ``tools`` parameter's JSON text as a value (empty: None; ``[]`` also means none).
 
     ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
     """
-    value = bounded_json.loads(text) if text else None
-    return value or None
+    return bounded_json.loads(text) if text else None
 
 
 # The largest integer a ROS parameter holds (int64): the open end of an integer range.

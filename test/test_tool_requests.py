@@ -142,6 +142,8 @@ def test_the_tools_parameter_is_checked_like_response_format():
     assert "the parameters of tool 'bad'" in check_parameter('tools', json.dumps([BAD_SCHEMA]))
     assert 'not JSON' in check_parameter('tools', '[{')
     assert 'tools must be a list' in check_parameter('tools', '{"name": "f"}')
+    assert 'tools must be a list' in check_parameter('tools', '0')
+    assert check_parameter('tools', '[]') is None
     values = {p.name: p.default for p in parameters.PARAMETERS}
     values.update(tools=json.dumps(TOOLS), response_format='{"type": "json_object"}')
     with pytest.raises(ParameterError, match='response_format and tools cannot be combined'):

@@ -262,3 +262,47 @@ def test_chat_client_prints_calls_answers_them_and_prints_boxes(robot, tmp_path)
                         (['--tools', str(tools)], 'the question is required')):
         out = chat(*bad)
         assert out.returncode == 2 and reason in out.stderr, out.stderr
+
+
+def test_without_vision_msgs_the_detections_topic_is_off_said_once(node, robot):
+    try:
+        import vision_msgs.msg  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip('vision_msgs is installed: the detections topic is on')
+    assert node.log_path.read_text().count('the detections topic is off') == 1
+    assert not robot.probe.node.get_publishers_info_by_topic(f'{NS}/detections')
+
+
+def test_detection2darray_on_detections_where_vision_msgs_is_installed(robot):
+    msgs = pytest.importorskip('vision_msgs.msg', reason='vision_msgs is not installed')
+    got = []
+    robot.probe.node.create_subscription(msgs.Detection2DArray, f'{NS}/detections',
+                                         got.append, RELIABLE)
+    boxes = 0
+    for k in range(50, 62):
+        robot.frames(k)
+        n_got = len(got)
+        info = robot.ask({'detect': LABELS, 'temperature': 1.0, 'max_new_tokens': 160})
+        assert info['error'] is None, info
+        robot.probe.spin_until(lambda n=n_got: len(got) >= n + len(CAMERAS), 20.0,
+                               'one Detection2DArray per camera')
+        for msg in got[n_got:]:
+            name = next(n for n, (frame_id, _) in robot.sent.items()
+                        if frame_id == msg.header.frame_id)
+            stamp_ns = robot.sent[name][1]
+            assert (msg.header.stamp.sec, msg.header.stamp.nanosec) == divmod(stamp_ns, 10**9)
+            mine = [d for d in info['detections'] if d['camera'] == name]
+            assert len(msg.detections) == len(mine)
+            for det, entry in zip(msg.detections, mine, strict=True):
+                x1, y1, x2, y2 = entry['bbox']
+                assert det.bbox.center.position.x == pytest.approx((x1 + x2) / 2)
+                assert det.bbox.center.position.y == pytest.approx((y1 + y2) / 2)
+                assert det.bbox.size_x == pytest.approx(x2 - x1)
+                assert det.bbox.size_y == pytest.approx(y2 - y1)
+                assert det.results[0].hypothesis.class_id == entry['label']
+                boxes += 1
+        if boxes:
+            break
+    assert boxes

@@ -3,9 +3,9 @@
 """The request envelope of the ``prompt/json`` topic: one JSON object per request.
 
 ``{"prompt": "...", "response_format": {...}, "max_new_tokens": 64, "temperature": 0.0,
-"conversation": "new" | "continue", "tag": "client-chosen id", "video_s": 4}`` and the tool
-and grounding keys (``tools``, ``tool_choice``, ``tool_results``, ``detect``: tool_requests.py):
-only ``prompt`` is required (not with ``detect`` or ``tool_results``: tool_requests.py).
+"conversation": "new" | "continue", "tag": "client-chosen id", "video_s": 4}``, and
+``tools``, ``tool_choice``, ``tool_results`` and ``detect`` (their checks: tool_requests.py):
+only ``prompt`` is required, and not with ``detect`` or ``tool_results``.
 :data:`KEYS` is the one table of what an envelope may hold (a new key is one row there, plus
 what the session does with it); :func:`parse_envelope` checks a message against it and raises
 :class:`EnvelopeError` with the reason (and the ``tag``, when one could be read, so that the
@@ -160,7 +160,7 @@ def parse_envelope(text, tools_parameter=''):
     for name, key in KEYS.items():
         if name not in data:
             if key.required and not (name == 'prompt'
-                                     and tool_requests.implies_prompt(data)):
+                                     and tool_requests.prompt_optional(data)):
                 raise EnvelopeError(f'{name!r} is required', tag)
             continue
         reason = key.check(data[name])

@@ -35,7 +35,7 @@ def _reason(check, v):
     return None
 
 
-def implies_prompt(envelope):
+def prompt_optional(envelope):
     """Whether an envelope may leave ``prompt`` out (``detect``, ``tool_results``)."""
     return 'detect' in envelope or 'tool_results' in envelope
 
@@ -62,7 +62,7 @@ def check_tools_key(v):
 
 def check_tool_choice_key(v):
     """Why an envelope's ``tool_choice`` is refused on its own, or None (the names: later)."""
-    if isinstance(v, str) or isinstance(v, dict):
+    if isinstance(v, (str, dict)):
         return None
     return f'tool_choice must be a string or an object, got {type(v).__name__}'
 
