@@ -271,6 +271,9 @@ def test_without_vision_msgs_the_detections_topic_is_off_said_once(node, robot):
         pass
     else:
         pytest.skip('vision_msgs is installed: the detections topic is on')
+    for k in (60, 61):
+        robot.frames(k)
+        assert robot.ask({'detect': LABELS})['error'] is None
     assert node.log_path.read_text().count('the detections topic is off') == 1
     assert not robot.probe.node.get_publishers_info_by_topic(f'{NS}/detections')
 

@@ -6,8 +6,8 @@ Published where ``vision_msgs`` imports (on a robot: ``ros-<distro>-vision-msgs`
 message per camera and request: the header is the camera frame's own (stamp and frame_id), each
 box its centre and size in that frame's pixels, the label in ``results[0].hypothesis.class_id``
 (the Humble and later layout: ``bbox.center.position``).  Qwen3-VL gives no confidence: the
-score is 1.0.  Without ``vision_msgs`` the node runs as before and says once that the topic is
-off; ``response/info`` carries the same boxes either way.
+score is 1.0.  Without ``vision_msgs`` the node runs as before and says once (at the first
+detect request) that the topic is off; ``response/info`` carries the same boxes either way.
 """
 
 import importlib
@@ -45,20 +45,29 @@ def detection_array(msgs, header, entries):
 
 
 class DetectionsTopic:
-    """The ``detections`` publisher of ``node``, or nothing (said once) without vision_msgs."""
+    """The ``detections`` publisher of ``node``, or nothing without vision_msgs.
+
+    Without it, the first detect request's boxes say so in the log, once: not at start-up,
+    where a node that cannot start says one line only, and a node never asked for boxes has
+    nothing to say.
+    """
 
     def __init__(self, node):
         self._msgs = vision_msgs()
+        self._logger = node.get_logger()
+        self._said = False
         self._pub = None
-        if self._msgs is None:
-            node.get_logger().info('vision_msgs is not installed: the detections topic is off '
-                                   '(response/info carries the boxes)')
-        else:
+        if self._msgs is not None:
             self._pub = node.create_publisher(self._msgs.Detection2DArray, DETECTIONS.name,
                                               DETECTIONS.qos())
 
     def publish(self, per_camera):
         """One message per ``(header, entries)`` of a detect request's cameras."""
-        if self._pub is not None:
-            for header, entries in per_camera:
-                self._pub.publish(detection_array(self._msgs, header, entries))
+        if self._pub is None:
+            if not self._said:
+                self._said = True
+                self._logger.info('vision_msgs is not installed: the detections topic is off '
+                                  '(response/info carries the boxes)')
+            return
+        for header, entries in per_camera:
+            self._pub.publish(detection_array(self._msgs, header, entries))
