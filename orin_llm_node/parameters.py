@@ -19,6 +19,9 @@ from orin_llm_node.refusals import REASON_CHARS, clip
 
 # Longest prompt, prompt/json message and response_format value taken (characters).
 MAX_PROMPT_CHARS = 100_000
+# Longest tools value taken (characters of JSON): they are rendered into every conversation's
+# system turn, so they cost context and prefill on each new conversation.
+MAX_TOOLS_CHARS = 32_000
 MAX_CAMERAS = 8
 # A relative or absolute ROS topic name made of plain tokens (no substitutions, no '~').
 _TOPIC_NAME = re.compile(r'/?[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*')
@@ -75,6 +78,27 @@ def _response_format_text(v):
 
 def response_format(text):
     """The ``response_format`` parameter's JSON text as a dict (empty: None).
+
+    ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
+    """
+    return bounded_json.loads(text) if text else None
+
+
+def _tools_text(v):
+    # Shapes and each tool's schema compiled without a vocabulary, as response_format; the
+    # loaded engine's own check (its tool tokens, the rendered tools): check_loaded.
+    if len(v) > MAX_TOOLS_CHARS:
+        return f'is too long ({len(v)} characters, limit {MAX_TOOLS_CHARS})'
+    from orin_llm_node.engine.tool_calls import check_tool_schemas
+    try:
+        check_tool_schemas(tools_value(v))
+    except ValueError as exc:
+        return clip(' '.join(str(exc).split()), REASON_CHARS)
+    return None
+
+
+def tools_value(text):
+    """The ``tools`` parameter's JSON text as a value (empty: None; ``[]`` also means none).
 
     ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
     """
@@ -278,6 +302,12 @@ PARAMETERS = (
           'compiles', _response_format_text, runtime=True,
           constraints=f'empty | JSON object of at most {MAX_PROMPT_CHARS} characters',
           engine=_sampling('response_format', convert=lambda v: response_format(v))),
+    Param('tools', '', 'JSON list of tools (OpenAI function definitions) offered to plain '
+          'prompts, the model choosing whether to call them (empty = none; README: "Tool calls '
+          'and grounding boxes"); refused unless every schema compiles; not with '
+          'response_format', _tools_text, runtime=True,
+          constraints=f'empty | JSON list of at most {MAX_TOOLS_CHARS} characters',
+          engine=_sampling('tools', convert=lambda v: tools_value(v))),
 )
 PARAMS_BY_NAME = {p.name: p for p in PARAMETERS}
 RUNTIME_PARAMETERS = tuple(p.name for p in PARAMETERS if p.runtime)
@@ -318,6 +348,7 @@ def check_parameter(name, value):
 _LOADED_CHECKS = {
     'system_prompt': lambda engine, v: engine.check_system_prompt(v or None),
     'response_format': lambda engine, v: engine.check_response_format(response_format(v)),
+    'tools': lambda engine, v: engine.check_tools(tools_value(v)),
 }
 LOADED_CHECKS = tuple(_LOADED_CHECKS)
 

@@ -29,7 +29,7 @@ def _request(envelope=None):
 def _result(**changes):
     values = dict(text='red.', error=None, finish_reason='stop', token_ids=[1, 2, 3],
                   cached_tokens=16, prompt_token_ids=list(range(40)), ttft_s=0.0412345,
-                  decode_tok_s=88.54321, valid=None, parsed=None)
+                  decode_tok_s=88.54321, valid=None, parsed=None, tool_calls=[])
     values.update(changes)
     return SimpleNamespace(**values)
 

@@ -31,6 +31,9 @@ refusal, or an answer produced without the image), 2 bad arguments (one line, e.
 ``prompt/json`` request envelope with that ``response_format``, match the answer by its
 ``tag`` and print the parsed JSON; an answer that did not complete (``"valid": false``, e.g.
 ``finish_reason=length``) exits 1.
+
+``--tools FILE`` (``--tool-choice``, ``--tool-results FILE``) and ``--detect LABELS``: tool
+calls and grounding boxes printed as JSON lines (chat_tools.py).
 """
 
 import argparse
@@ -46,7 +49,7 @@ from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import remove_ros_args
 
 from orin_llm_node import bounded_json
-from orin_llm_node.cli import chat_video
+from orin_llm_node.cli import chat_tools, chat_video
 from orin_llm_node.cli.chat_client import LLMClient, image_message
 from orin_llm_node.parameters import MAX_PROMPT_CHARS
 from orin_llm_node.ros import contract
@@ -65,7 +68,7 @@ def _image_verdict(info, msg):
 def main(args=None):
     """Entry point of ``orin_llm_chat``."""
     parser = argparse.ArgumentParser(prog='orin_llm_chat', description=__doc__.split('\n')[0])
-    parser.add_argument('prompt', nargs='+', help='the question (words are joined)')
+    parser.add_argument('prompt', nargs='*', help='the question (words are joined)')
     parser.add_argument('-i', '--image', help='image file to send with the prompt')
     parser.add_argument('-n', '--namespace', default='/orin_llm',
                         help='namespace of the node (default: /orin_llm, as the launch file)')
@@ -85,6 +88,7 @@ def main(args=None):
                      help='answer as JSON valid against this JSON Schema file (prompt/json)')
     fmt.add_argument('--json', action='store_true',
                      help='answer as a JSON object (prompt/json)')
+    chat_tools.add_arguments(parser)
     argv = sys.argv[1:] if args is None else list(args)
     ros_args = remove_ros_args(['orin_llm_chat'] + argv)[1:]
     opts = parser.parse_args(ros_args)
@@ -95,6 +99,7 @@ def main(args=None):
         parser.error(f'--fps must be > 0, got {opts.fps:g}')
     try:
         opts.response_format = _response_format(opts)
+        chat_tools.read(opts)
     except (OSError, ValueError) as exc:
         print(f'orin_llm_chat: {exc}', file=sys.stderr)
         return 2
@@ -199,6 +204,13 @@ def _converse(client, opts, image):
             return 1
     if opts.response_format is not None:
         return _converse_json(client, opts, image)
+    if opts.tools is not None or opts.detect is not None:
+        code, info = chat_tools.converse(client, opts, lambda i: _answered(i, opts))
+        if code is not None:
+            return code
+        if opts.detect is not None:
+            return 0        # every camera's newest frame: not a judgement on ours alone
+        return _used_or_said(None if image is None else _image_verdict(info, image), 'image')
     info = client.ask_tagged(' '.join(opts.prompt), opts.timeout)
     if not _answered(info, opts):
         return 1

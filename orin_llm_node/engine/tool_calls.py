@@ -22,11 +22,11 @@ import secrets
 
 import numpy as np
 
-from orin_llm_node.processing.tools import spelt_token, tool_names, tool_schema
+from orin_llm_node.processing.tools import check_tools, spelt_token, tool_names, tool_schema
 
-from .structured import host_bitmask, parse_answer
+from .structured import check_grammar, host_bitmask, parse_answer
 
-__all__ = ['OPEN', 'CLOSE', 'ToolCalls', 'order_results']
+__all__ = ['OPEN', 'CLOSE', 'ToolCalls', 'check_tool_schemas', 'order_results']
 
 OPEN, CLOSE = '<tool_call>', '</tool_call>'
 # How the template writes a call's arguments (tojson: json.dumps' separators, no indent).
@@ -51,6 +51,24 @@ def call_grammar(tools: list[dict], names, open_id: int, close_id: int,
     return '\n'.join(['%llguidance {}', f'start: {start}',
                       f'call: <[{open_id}]> "\\n" body "\\n" <[{close_id}]>',
                       f'body: {body}', *rules]) + '\n'
+
+
+def check_tool_schemas(tools) -> list[dict] | None:
+    """``tools`` checked without a checkpoint at hand (a parameter, a request on arrival).
+
+    The shapes, then every tool's schema compiled by the library without a vocabulary, as
+    ``structured.check_grammar`` does for a response format; ``ValueError`` names the tool.
+    A turn (``ToolCalls``) compiles against the checkpoint's vocabulary, which may refuse more.
+    """
+    tools = check_tools(tools)
+    for name in tool_names(tools or []):
+        try:
+            check_grammar({'type': 'json_schema', 'schema': tool_schema(tools, name)})
+        except ValueError as exc:
+            reason = str(exc).removeprefix('response_format rejected: ')
+            raise ValueError(f'tools rejected: the parameters of tool {name!r}: {reason}'
+                             ) from None
+    return tools
 
 
 class ToolCalls:

@@ -13,7 +13,7 @@ No rclpy at import: the QoS profiles are built on request (:meth:`Topic.qos`), s
 and its in-process tests use :class:`AnswerInfo` without a ROS installation being loaded.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import json
 
 
@@ -48,6 +48,8 @@ STREAM = Topic('response/stream', 100)
 INFO = Topic('response/info', 10)
 ERROR = Topic('error', 10)
 READY = Topic('ready', 1, latched=True)
+# vision_msgs/Detection2DArray of a detect request's boxes, where vision_msgs is installed.
+DETECTIONS = Topic('detections', 10)
 DIAGNOSTICS = Topic('/diagnostics', 10)
 # A client's frames for the default camera (image_topics: [image]) on ``image`` and
 # ``image/compressed`` (orin_llm_chat --image / --video, the demo): reliable, and deep enough
@@ -109,10 +111,17 @@ class AnswerInfo:
     tag: str | None = None
     valid: bool | None = None
     parsed: object = None           # the constrained answer as JSON (``json``)
+    # The answer's tool calls ([{id, name, arguments}]; empty: none) and, for a detect request,
+    # its boxes in each camera frame's pixels (ros/detections.py; None: not a detect request).
+    tool_calls: list = field(default_factory=list)
+    detections: list | None = None
 
     @classmethod
-    def answered(cls, request, result, cameras, weight_format):
-        """The engine's ``result`` for ``request`` (``cameras``: its :class:`CameraReport`)."""
+    def answered(cls, request, result, cameras, weight_format, detections=None):
+        """The engine's ``result`` for ``request`` (``cameras``: its :class:`CameraReport`).
+
+        ``detections``: a detect request's boxes, as ros/detections.py gives them.
+        """
         return cls(
             'answered', request.request_id, request.text, result.finish_reason,
             error=result.error, text=None if result.error else result.text,
@@ -121,7 +130,8 @@ class AnswerInfo:
             prompt_tokens=len(result.prompt_token_ids),
             ttft_ms=round(1000.0 * result.ttft_s, 3),
             decode_tok_s=round(result.decode_tok_s, 3), weight_format=weight_format,
-            tag=_tag(request.envelope), valid=result.valid, parsed=result.parsed)
+            tag=_tag(request.envelope), valid=result.valid, parsed=result.parsed,
+            tool_calls=list(result.tool_calls), detections=detections)
 
     @classmethod
     def failed(cls, request, reason, cameras):
@@ -155,6 +165,10 @@ class AnswerInfo:
             out['tag'] = self.tag
         if self.valid is not None:
             out.update(valid=self.valid, json=self.parsed)
+        if self.tool_calls:
+            out['tool_calls'] = self.tool_calls
+        if self.detections is not None:
+            out['detections'] = self.detections
         return json.dumps(out, ensure_ascii=False, allow_nan=False)
 
 

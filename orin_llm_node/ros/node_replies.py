@@ -19,6 +19,7 @@ from std_msgs.msg import Bool, String
 from orin_llm_node.jetson_power import read_power_state
 from orin_llm_node.refusals import REASON_CHARS, RefusalLimiter, clip
 from orin_llm_node.ros import contract
+from orin_llm_node.ros.detections_topic import DetectionsTopic
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, NodeFacts
 
 
@@ -47,6 +48,7 @@ class NodeReplies:
                                           (String, contract.INFO), (String, contract.ERROR),
                                           (Bool, contract.READY),
                                           (DiagnosticArray, contract.DIAGNOSTICS))}
+        self._detections = DetectionsTopic(node)
 
     def closing(self):
         """The node is going away: a publication that fails is no longer worth a log line."""
@@ -73,6 +75,10 @@ class NodeReplies:
     def info(self, info):
         """One ``response/info`` (an :class:`~orin_llm_node.ros.contract.AnswerInfo`)."""
         self._publish(contract.INFO, String(data=info.to_json()))
+
+    def detections(self, per_camera):
+        """A detect request's boxes on ``detections`` (where vision_msgs is installed)."""
+        self._detections.publish(per_camera)
 
     def error(self, text):
         """Why something was refused, on ``error`` and in the log."""

@@ -10,6 +10,7 @@ prompt, which is refused the same way.
 
 from orin_llm_node import parameters
 from orin_llm_node.refusals import REASON_CHARS, clip, preview
+from orin_llm_node.ros import tool_requests
 from orin_llm_node.ros.cameras.camera_report import camera_report
 from orin_llm_node.ros.cameras.camera_views import Request
 from orin_llm_node.ros.contract import AnswerInfo
@@ -55,11 +56,11 @@ class PromptIntake:
         request_id = self._next_request_id
         self._next_request_id += 1
         try:
-            envelope = parse_envelope(msg.data)
+            envelope = parse_envelope(msg.data, self._node.runtime('tools'))
         except EnvelopeError as exc:
             self.refuse(request_id, None, f'prompt/json refused: {exc}', exc.tag)
             return
-        self._enqueue(request_id, envelope.pop('prompt'), envelope)
+        self._enqueue(request_id, tool_requests.request_text(envelope), envelope)
 
     def _enqueue(self, request_id, text, envelope=None):
         """Check a prompt, pair it with the cameras' frames (or clips) and queue it.
@@ -69,7 +70,7 @@ class PromptIntake:
         """
         node, params = self._node, self._node.params
         tag = (envelope or {}).get('tag')
-        if not text.strip():
+        if not text.strip() and 'tool_results' not in (envelope or {}):
             self.refuse(request_id, text, 'empty prompt ignored', tag)
             return
         if len(text) > parameters.MAX_PROMPT_CHARS:
@@ -81,7 +82,9 @@ class PromptIntake:
             why = _NOT_READY.get(state, 'it is not taking prompts')
             self.refuse(request_id, text, f'node is {state}: {why}', tag)
             return
-        video_s = (envelope or {}).get('video_s', node.runtime('video_window_s'))
+        # detect takes each camera's newest frame as the camera sent it (its own pixels).
+        video_s = (envelope or {}).get('video_s', 0.0 if 'detect' in (envelope or {})
+                                       else node.runtime('video_window_s'))
         if video_s > params['video_buffer_s']:
             self.refuse(request_id, text, f'a clip of {video_s:g} s asked for, but each camera '
                         f"keeps {params['video_buffer_s']:g} s (video_buffer_s)", tag)

@@ -45,3 +45,6 @@ class Replies(Protocol):
 
         The node stops pairing it with prompts and says why; the prompt goes on without it.
         """
+
+    def detections(self, per_camera):
+        """A detect request's boxes per camera, ``[(frame header, entries)]`` (``detections``)."""

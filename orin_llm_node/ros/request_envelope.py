@@ -3,8 +3,9 @@
 """The request envelope of the ``prompt/json`` topic: one JSON object per request.
 
 ``{"prompt": "...", "response_format": {...}, "max_new_tokens": 64, "temperature": 0.0,
-"conversation": "new" | "continue", "tag": "client-chosen id", "video_s": 4}``: only
-``prompt`` is required.
+"conversation": "new" | "continue", "tag": "client-chosen id", "video_s": 4}``, and
+``tools``, ``tool_choice``, ``tool_results`` and ``detect`` (their checks: tool_requests.py):
+only ``prompt`` is required, and not with ``detect`` or ``tool_results``.
 :data:`KEYS` is the one table of what an envelope may hold (a new key is one row there, plus
 what the session does with it); :func:`parse_envelope` checks a message against it and raises
 :class:`EnvelopeError` with the reason (and the ``tag``, when one could be read, so that the
@@ -20,6 +21,7 @@ from orin_llm_node import bounded_json
 from orin_llm_node.engine.config import SamplingParams
 from orin_llm_node.engine.structured import check_grammar, check_response_format
 from orin_llm_node.parameters import MAX_PROMPT_CHARS, PARAMS_BY_NAME
+from orin_llm_node.ros import tool_requests
 
 
 class EnvelopeError(ValueError):
@@ -118,6 +120,14 @@ KEYS = {
     'video_s': Key(_non_negative, "a clip of each camera's last this many seconds instead of "
                    'one frame (0: one frame; at most video_buffer_s)',
                    overrides='video_window_s'),
+    'tools': Key(tool_requests.check_tools_key, 'tools (OpenAI function definitions) the model '
+                 'may call; overrides the tools parameter', overrides='tools'),
+    'tool_choice': Key(tool_requests.check_tool_choice_key, "'auto' (default), 'required', "
+                       "'none' or {'name': tool}, for the tools in effect"),
+    'tool_results': Key(tool_requests.check_tool_results_key, 'answers to the calls of the '
+                        'last answer: [{"id", "content", "name"?}], sent before the prompt'),
+    'detect': Key(tool_requests.check_detect_key, 'labels (list) or a phrase: grounding boxes '
+                  "in each camera's pixels (response/info detections)"),
 }
 
 
@@ -127,8 +137,12 @@ def sampling_overrides(envelope):
             if key.sampling and name in envelope}
 
 
-def parse_envelope(text):
-    """The checked keys of one ``prompt/json`` message, as a dict; ``EnvelopeError`` if not."""
+def parse_envelope(text, tools_parameter=''):
+    """The checked keys of one ``prompt/json`` message, as a dict; ``EnvelopeError`` if not.
+
+    ``tools_parameter``: the ``tools`` parameter's JSON text now (the tools a request without
+    its own has: what its ``tool_choice`` and results may name).
+    """
     if len(text) > MAX_PROMPT_CHARS:
         raise EnvelopeError(f'request of {len(text)} characters rejected (limit '
                             f'{MAX_PROMPT_CHARS})')
@@ -145,7 +159,8 @@ def parse_envelope(text):
                             f"{', '.join(KEYS)})", tag)
     for name, key in KEYS.items():
         if name not in data:
-            if key.required:
+            if key.required and not (name == 'prompt'
+                                     and tool_requests.prompt_optional(data)):
                 raise EnvelopeError(f'{name!r} is required', tag)
             continue
         reason = key.check(data[name])
@@ -153,6 +168,7 @@ def parse_envelope(text):
             raise EnvelopeError(reason if reason.startswith(name) else f'{name} {reason}', tag)
     try:
         SamplingParams(**sampling_overrides(data))
+        tool_requests.check_request(data, tools_parameter)
     except ValueError as exc:
         raise EnvelopeError(exc, tag) from None
     return data

@@ -13,14 +13,14 @@ record: what the node reports about the engine; nothing outside reads the engine
 """
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 import threading
 import time
 import traceback
 
 from orin_llm_node import parameters
 from orin_llm_node.refusals import REASON_CHARS, preview
-from orin_llm_node.ros import model_loading
+from orin_llm_node.ros import detections, model_loading, tool_requests
 from orin_llm_node.ros.cameras import camera_prompt
 from orin_llm_node.ros.cameras.camera_report import camera_report
 from orin_llm_node.ros.cameras.frame_ring import FrameSizer
@@ -275,6 +275,20 @@ class Session:
             self._conv_system_prompt = system_prompt
         return self._conv
 
+    def _turn(self, conv, text, images, sampling, **extra):
+        # One streamed turn: deltas out, a cancel that came early repeated, diagnostics due.
+        result = None
+        for event in self._engine.chat_stream(conv, text, images=images, sampling=sampling,
+                                              **extra):
+            if event.delta:
+                self.replies.stream(event.delta)
+            if event.result is not None:
+                result = event.result
+            if self._cancel_pending:
+                self._engine.cancel()
+            self._diagnostics(only_if_due=True)
+        return result
+
     def _answer(self, request):
         from orin_llm_node.engine import FinishReason
         replies = self.replies
@@ -284,31 +298,34 @@ class Session:
         if stamps:
             replies.facts(last_image_stamp=max(stamps) / 1e9)
         text, images, videos = camera_prompt.content(request, used)
+        if not request.text:            # tool results alone: no message, so no frames
+            text, images, videos = None, [], []
         # Run-time parameters may have changed since the last prompt; an envelope's keys
         # override them for its own answer.
         values = self.settings()
-        sampling = replace(parameters.sampling_params(values),
-                           **sampling_overrides(request.envelope or {}))
-        if (request.envelope or {}).get('conversation') == 'new':
+        envelope = request.envelope or {}
+        sampling = tool_requests.request_sampling(parameters.sampling_params(values), envelope,
+                                                  sampling_overrides(envelope))
+        if envelope.get('conversation') == 'new':
             self._drop_conversation('prompt/json asked for a new conversation')
-        conv = self._conversation(values['system_prompt'] or None)
         t0 = time.monotonic()
-        result = None
-        # videos only when there is one: the keyword is the video-capable engine's.
-        extra = {'videos': videos} if videos else {}
-        try:
-            for event in self._engine.chat_stream(conv, text, images=images, sampling=sampling,
-                                                  **extra):
-                if event.delta:
-                    replies.stream(event.delta)
-                if event.result is not None:
-                    result = event.result
-                if self._cancel_pending:
-                    self._engine.cancel()
-                self._diagnostics(only_if_due=True)
-        finally:
-            if values['conversation_mode'] == 'single':
-                self._drop_conversation()   # every prompt alone; its blocks stay as cache
+        per_camera = found = None
+        if sampling.detect is not None:     # one turn per camera, outside the conversation
+            result, found, per_camera = detections.detect_turns(
+                self._engine, values['system_prompt'] or None, request, used, sampling,
+                self._turn)
+        else:
+            conv = self._conversation(values['system_prompt'] or None)
+            # videos only when there is one: the keyword is the video-capable engine's.
+            extra = {'videos': videos} if videos else {}
+            if 'tool_results' in envelope:
+                extra['tool_results'] = tool_requests.engine_results(
+                    envelope['tool_results'], conv.pending_tool_calls())
+            try:
+                result = self._turn(conv, text, images, sampling, **extra)
+            finally:
+                if values['conversation_mode'] == 'single':
+                    self._drop_conversation()   # every prompt alone; its blocks stay as cache
         elapsed = time.monotonic() - t0
         if self._stopping():
             return                      # shutting down (Ctrl-C): nobody to tell
@@ -317,7 +334,9 @@ class Session:
                       last_vision_ms=1000.0 * result.vision_s,
                       last_decode_tok_s=result.decode_tok_s)
         replies.info(AnswerInfo.answered(request, result, camera_report(request),
-                                         self._engine.weight_format))
+                                         self._engine.weight_format, found))
+        if per_camera:
+            replies.detections(per_camera)
         what = camera_prompt.summary(request, used)
         if result.error:
             # Refused before it ran (the context or the pool), or failed while it ran ('error':
