@@ -81,6 +81,7 @@ class Session:
         self._queue = deque()
         self._reset = False
         self._busy = False
+        self._current = None            # the request being answered (its id: cancel one)
         self._cancel_pending = False
         self._command = None
         self._command_done = threading.Event()
@@ -103,6 +104,15 @@ class Session:
             self._cond.notify_all()
             return dropped
 
+    def offer(self, request, capacity):
+        """Queue ``request`` if fewer than ``capacity`` wait (nothing dropped); True if queued."""
+        with self._cond:
+            if len(self._queue) >= capacity:
+                return False
+            self._queue.append(request)
+            self._cond.notify_all()
+            return True
+
     def queue_depth(self):
         """Prompts waiting."""
         with self._cond:
@@ -121,9 +131,26 @@ class Session:
             self._reset = True
             self._cond.notify_all()
 
-    def cancel(self):
-        """Stop the generation in progress; True if there was one."""
+    def withdraw(self, request_id):
+        """Take the queued request ``request_id`` out of the queue; it, or None if not queued."""
         with self._cond:
+            found = [r for r in self._queue if r.request_id == request_id]
+            if not found:
+                return None
+            self._queue.remove(found[0])
+            waiting = list(self._queue)
+        _tell_positions(waiting)
+        return found[0]
+
+    def cancel(self, request_id=None):
+        """Stop the generation in progress (only if it answers ``request_id``, when given).
+
+        True if there was one to stop.
+        """
+        with self._cond:
+            if request_id is not None and (self._current is None
+                                           or self._current.request_id != request_id):
+                return False
             if self._busy and self._engine is not None:
                 # The engine clears its flag when a turn starts, so the session repeats the
                 # cancel after it has begun (_cancel_pending) in case we came too early.
@@ -200,11 +227,13 @@ class Session:
                 reset, self._reset = self._reset, False
                 if (self._queue and self._engine is not None and not reset and not command
                         and not self._stop.is_set()):
-                    request = self._queue.popleft()
+                    request = self._current = self._queue.popleft()
                     self._busy = True
                     self._cancel_pending = False
+                waiting = list(self._queue) if request is not None else []
             if self._stop.is_set():
                 break
+            _tell_positions(waiting)
             if command is not None:
                 self._command_result = self._run_command(command)
                 self._command_done.set()
@@ -225,6 +254,7 @@ class Session:
             finally:
                 with self._cond:
                     self._busy = False
+                    self._current = None
             self._diagnostics()
 
     def _diagnostics(self, force=False, only_if_due=False):
@@ -257,7 +287,10 @@ class Session:
             self.replies.error(text)
             return
         self.replies.error(f'{text} (request {request.request_id})')
-        self.replies.info(AnswerInfo.failed(request, text, camera_report(request)))
+        info = AnswerInfo.failed(request, text, camera_report(request))
+        self.replies.info(info)
+        if request.listener is not None:
+            request.listener.finished(info, None)
 
     def _drop_conversation(self, why=None):
         if self._conv is not None and self._engine is not None:
@@ -296,11 +329,21 @@ class Session:
         result = None
         # videos only when there is one: the keyword is the video-capable engine's.
         extra = {'videos': videos} if videos else {}
+        listener = request.listener
+
+        def on_stage(name):
+            if listener is not None:
+                listener.stage(name)
+            if self._cancel_pending:
+                self._engine.cancel()   # came before the turn began (its start cleared it)
+
         try:
             for event in self._engine.chat_stream(conv, text, images=images, sampling=sampling,
-                                                  **extra):
+                                                  on_stage=on_stage, **extra):
                 if event.delta:
                     replies.stream(event.delta)
+                if listener is not None:
+                    listener.delta(event.delta, event.token_id is not None)
                 if event.result is not None:
                     result = event.result
                 if self._cancel_pending:
@@ -316,8 +359,11 @@ class Session:
         replies.facts(last_finish_reason=finish, last_ttft_ms=1000.0 * result.ttft_s,
                       last_vision_ms=1000.0 * result.vision_s,
                       last_decode_tok_s=result.decode_tok_s)
-        replies.info(AnswerInfo.answered(request, result, camera_report(request),
-                                         self._engine.weight_format))
+        info = AnswerInfo.answered(request, result, camera_report(request),
+                                   self._engine.weight_format)
+        replies.info(info)
+        if listener is not None:
+            listener.finished(info, result)
         what = camera_prompt.summary(request, used)
         if result.error:
             # Refused before it ran (the context or the pool), or failed while it ran ('error':
@@ -338,3 +384,11 @@ class Session:
             replies.logger.warning(summary)
         else:
             replies.logger.info(summary)
+
+
+def _tell_positions(waiting):
+    # Each queued request with a listener hears how many are ahead of it (outside the lock:
+    # a listener publishes).
+    for ahead, request in enumerate(waiting):
+        if request.listener is not None:
+            request.listener.queued(ahead)
