@@ -24,6 +24,7 @@ rclpy = pytest.importorskip('rclpy')
 from _ros_harness import (  # noqa: E402
     ANSWER_TIMEOUT,
     EVENT_TIMEOUT,
+    REPO,
     connect,
     ros_env,
     start_node,
@@ -121,6 +122,7 @@ def probe(node):
     p = connect(node, NS)
     p.asker = Asker(p, NS)
     yield p
+    p.asker.client.destroy()        # before its node: a client collected after it crashes
     p.close()
 
 
@@ -270,6 +272,23 @@ def test_a_cancel_while_decoding_stops_that_answer(probe):
     assert probe.ask('Still there?')
 
 
+def test_the_readme_behaviour_tree_leaf_gets_the_answer(probe):
+    probe.reset()
+    expected = probe.ask('Where is the door?')
+    probe.reset()
+    readme = (REPO / 'README.md').read_text()
+    block = readme.split('<!-- ask-bt-example -->\n```python\n', 1)[1].split('```', 1)[0]
+    scope = {}
+    exec(compile(block, 'README.md', 'exec'), scope)  # noqa: S102 - the README's own code
+    leaf = scope['AskLeaf'](probe.node, 'Where is the door?', action=f'{NS}/ask')
+    status, deadline = 'RUNNING', time.monotonic() + ANSWER_TIMEOUT
+    while status == 'RUNNING' and time.monotonic() < deadline:
+        status = leaf.tick()
+        probe.spin_for(0.02)
+    assert status == 'SUCCESS' and leaf.answer == expected
+    leaf.client.destroy()
+
+
 def _refused(probe, goal, needle):
     handle = probe.asker.send(goal)
     result = probe.asker.result(handle, EVENT_TIMEOUT)
@@ -413,6 +432,7 @@ def managed(slow_ckpt, tmp_path):
         p.asker = Asker(p, MANAGED_NS)
         p.change = p.node.create_client(ChangeState, f'{MANAGED_NS}/orin_llm/change_state')
         yield p
+        p.asker.client.destroy()
     finally:
         p.close()
         stop(proc)

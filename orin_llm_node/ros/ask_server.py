@@ -88,7 +88,6 @@ class AskServer:
             listener.refused(reason, exc.cameras)
             return GoalResponse.ACCEPT
         node.replies.facts(queue_depth=node.session.queue_depth())
-        listener.queued(node.session.queue_depth() - 1)
         return GoalResponse.ACCEPT
 
     async def _execute(self, handle):

@@ -105,10 +105,15 @@ class Session:
             return dropped
 
     def offer(self, request, capacity):
-        """Queue ``request`` if fewer than ``capacity`` wait (nothing dropped); True if queued."""
+        """Queue ``request`` if fewer than ``capacity`` wait (nothing dropped); True if queued.
+
+        Its listener hears its place first, before this thread can take it and say more.
+        """
         with self._cond:
             if len(self._queue) >= capacity:
                 return False
+            if request.listener is not None:
+                request.listener.queued(len(self._queue))
             self._queue.append(request)
             self._cond.notify_all()
             return True
