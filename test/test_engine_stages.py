@@ -69,3 +69,27 @@ def test_a_cancel_from_the_callback_stops_the_turn_before_its_first_token(engine
     # The engine answers the next turn as ever.
     assert _run(engine, conv, 'Again?')[-1].result.finish_reason == FinishReason.LENGTH
     engine.reset(conv)
+
+
+def test_the_openai_backend_tells_the_stages_a_client_can_see(tiny_ckpt, tmp_path):
+    pytest.importorskip('httpx')
+    pytest.importorskip('fastapi')
+    from serve_support import Server
+
+    from orin_llm_node.backends import OpenAIBackend, OpenAIConfig
+    server = Server(tiny_ckpt, tmp_path / 'serve.log', '--max-model-len', '2048').start()
+    backend = OpenAIBackend(OpenAIConfig(server.url, tiny_ckpt.name,
+                                         processor_path=str(tiny_ckpt)))
+    try:
+        told, seen = [], []
+        for event in backend.chat_stream(backend.new_conversation(), 'What is this?',
+                                         images=[red_disc(64, 64)], sampling=GREEDY,
+                                         on_stage=told.append):
+            seen.append((list(told), event.delta))
+        # The server encodes and prefills out of sight: prefill once sent, decoding before
+        # the first text.
+        assert told == [Stage.PREFILL, Stage.DECODING]
+        assert seen[0][0] == told and ''.join(d for _, d in seen) == event.result.text
+    finally:
+        backend.close()
+        server.stop()
