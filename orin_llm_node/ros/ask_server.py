@@ -20,13 +20,14 @@ for minutes).
 import json
 import threading
 import time
+import traceback
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.task import Future
 
 from orin_llm_node.action import Ask
-from orin_llm_node.refusals import REASON_CHARS, clip
+from orin_llm_node.refusals import REASON_CHARS, clip, preview
 from orin_llm_node.ros import contract
 from orin_llm_node.ros.goal_feedback import GoalFeedback
 from orin_llm_node.ros.goal_request import GoalRefused, goal_request
@@ -82,7 +83,10 @@ class AskServer:
             if not node.session.offer(request, capacity):
                 raise GoalRefused(f'queue full (queue_size {capacity}): the goal is refused '
                                   '(a prompt would drop the oldest)')
-        except GoalRefused as exc:
+        except Exception as exc:  # noqa: BLE001 - every goal gets its end, the node serves on
+            if not isinstance(exc, GoalRefused):
+                node.get_logger().error(f'ask goal failed: {traceback.format_exc()}')
+                exc = GoalRefused(f'goal failed: {preview(exc, REASON_CHARS)}')
             reason = clip(str(exc), REASON_CHARS)
             node.prompts.refuse(request_id, goal.prompt, reason, goal.tag or None, exc.cameras)
             listener.refused(reason, exc.cameras)
