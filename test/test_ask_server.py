@@ -190,10 +190,11 @@ def test_text_feedback_is_coalesced(probe):
     info = json.loads(result.result.info)
     assert info['generated_tokens'] == LONG and result.result.finish_reason == 'length'
     texts = [(t, fb) for t, fb in handle.feedback if fb.text_delta]
-    # At most one text message per 50 ms (the node's side), far fewer than tokens; a wide
-    # margin for delivery jitter: what is checked is "coalesced", not the exact rate.
+    # At most one text message per 50 ms (the node's side; fewer messages than tokens as long
+    # as a token takes less): counted over the span they arrived in, with a margin for
+    # delivery jitter -- what is checked is "coalesced", not the exact rate.
     span = texts[-1][0] - texts[0][0]
-    assert len(texts) < LONG / 4 and len(texts) <= span / 0.05 + 3, (len(texts), span)
+    assert len(texts) <= span / 0.05 + 3, (len(texts), span)
     assert [fb.tokens for _, fb in texts] == sorted(fb.tokens for _, fb in texts)
 
 
@@ -202,10 +203,12 @@ def test_cancelling_a_queued_goal_leaves_the_answer_in_progress(probe):
     probe.reset()
     first = asker.send(_long('Describe everything.'))
     second = asker.send(Ask.Goal(prompt='And the door?', tag='queued'))
-    probe.spin_until(lambda: any(fb.stage == Feedback.STAGE_DECODING for _, fb in first.feedback),
-                     ANSWER_TIMEOUT, 'the first goal decoding')
-    assert [fb.stage for _, fb in second.feedback] == [Feedback.STAGE_QUEUED]
-    assert second.feedback[-1][1].queue_position == 0
+    # Queued behind the first, or first in line once the first was taken.
+    probe.spin_until(lambda: second.feedback and second.feedback[-1][1].queue_position == 0
+                     and any(fb.stage == Feedback.STAGE_DECODING for _, fb in first.feedback),
+                     ANSWER_TIMEOUT, 'the first goal decoding, the second first in line')
+    assert [fb.stage for _, fb in second.feedback] == [Feedback.STAGE_QUEUED] * len(
+        second.feedback)
     cancel = asker.cancel(second)
     assert [g.goal_id for g in cancel.goals_canceling] == [second.goal_id]
     cancelled = asker.result(second)
@@ -213,7 +216,7 @@ def test_cancelling_a_queued_goal_leaves_the_answer_in_progress(probe):
 
     assert cancelled.status == GoalStatus.STATUS_CANCELED
     assert cancelled.result.finish_reason == 'cancelled' and cancelled.result.text == ''
-    assert [fb.stage for _, fb in second.feedback] == [Feedback.STAGE_QUEUED]
+    assert {fb.stage for _, fb in second.feedback} == {Feedback.STAGE_QUEUED}
     assert answered.status == GoalStatus.STATUS_SUCCEEDED
     assert answered.result.finish_reason == 'length'
     assert json.loads(answered.result.info)['generated_tokens'] == LONG
