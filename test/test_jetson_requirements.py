@@ -30,7 +30,8 @@ OPTIONAL = {'httpx': ('openai.txt', 'orin_llm_node/backends/'),
             'uvicorn': ('serve.txt', 'orin_llm_node/serve/')}
 JETPACK = {'torch'}
 ROS = {'rclpy', 'builtin_interfaces', 'diagnostic_msgs', 'lifecycle_msgs', 'rcl_interfaces',
-       'rosgraph_msgs', 'sensor_msgs', 'std_msgs', 'std_srvs', 'ament_index_python'}
+       'rosgraph_msgs', 'sensor_msgs', 'std_msgs', 'std_srvs', 'ament_index_python',
+       'action_msgs'}
 
 
 def third_party_imports(every=False):

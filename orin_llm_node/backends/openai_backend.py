@@ -32,7 +32,7 @@ from orin_llm_node.backends.openai_wire import (
     one_line,
     user_content,
 )
-from orin_llm_node.engine import ChatResult, FinishReason, SamplingParams, StreamEvent
+from orin_llm_node.engine import ChatResult, FinishReason, SamplingParams, Stage, StreamEvent
 from orin_llm_node.engine.structured import parse_answer
 from orin_llm_node.engine.thread_guard import SingleThreadGuard
 from orin_llm_node.processing import ImageProcessor
@@ -217,15 +217,19 @@ class OpenAIBackend:
         return result
 
     def chat_stream(self, conv: RemoteConversation, text, images=None,
-                    sampling: SamplingParams | None = None, *, videos=None):
+                    sampling: SamplingParams | None = None, *, videos=None, on_stage=None):
         """Like ``LLMEngine.chat_stream``: ``StreamEvent``s, the last with a ``RemoteResult``.
 
         The message is ``images`` then ``text`` (a str, or a list of str and image parts in
         order). Bad input raises ``ValueError`` before anything is sent; video clips are
         refused (the chat-completions API has no portable way to carry a clip's frame times).
+        ``on_stage``: as the engine's, with the stages a client can tell apart: ``prefill``
+        once the request is sent (the server's image encoding included), ``decoding`` at the
+        first streamed text.
         """
         with self._guard.hold('chat_stream'):
-            yield from self._chat_stream(conv, text, images, sampling, videos)
+            yield from self._chat_stream(conv, text, images, sampling, videos,
+                                         on_stage or (lambda stage: None))
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -255,7 +259,7 @@ class OpenAIBackend:
                                  f'array), got {type(item).__name__}')
         return {'role': 'user', 'content': user_content(parts)}, sent
 
-    def _chat_stream(self, conv, text, images, sampling, videos):
+    def _chat_stream(self, conv, text, images, sampling, videos, on_stage):
         t0 = time.monotonic()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
@@ -273,6 +277,8 @@ class OpenAIBackend:
                                   self._headers, body, self.config.retries,
                                   self.config.retry_backoff_s,
                                   min(backend_deadline, answer_deadline)).start()
+        on_stage(Stage.PREFILL)
+        decoding = False
         try:
             while turn.finish is None:
                 now = time.monotonic()
@@ -286,8 +292,11 @@ class OpenAIBackend:
                 else:
                     event = exchange.next_event(min(_POLL_S, backend_deadline - now,
                                                     answer_deadline - now))
-                    if event is not None:
-                        yield from self._on_event(turn, event)
+                    for step in self._on_event(turn, event) if event is not None else ():
+                        if not decoding:
+                            decoding = True
+                            on_stage(Stage.DECODING)
+                        yield step
         except GeneratorExit:  # the caller closed the stream: a cancelled answer, kept
             turn.finish = FinishReason.CANCELLED
             self._close_turn(conv, user, sent, turn, sampling, exchange)

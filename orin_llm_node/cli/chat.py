@@ -8,6 +8,7 @@
     orin_llm_chat --image shelf.jpg --schema box.schema.json "Which box should I pick up?"
     orin_llm_chat --json "List the objects you see."
     orin_llm_chat --video frames/ --fps 2 "Which way did the person go?"
+    orin_llm_chat --action --image shelf.jpg "How many boxes are on the shelf?"
 
 The on-robot counterpart of ``ros2 topic pub --once .../prompt`` + ``ros2 topic echo
 .../response``: waits for the node's latched ``ready``, sends the image as a
@@ -34,6 +35,9 @@ refusal, or an answer produced without the image), 2 bad arguments (one line, e.
 
 ``--tools FILE`` (``--tool-choice``, ``--tool-results FILE``) and ``--detect LABELS``: tool
 calls and grounding boxes printed as JSON lines (chat_tools.py).
+
+``--action`` asks through the node's ``ask`` action instead (chat_action.py): stage lines on
+stderr, the text on stdout as it comes, Ctrl-C cancels that goal.
 """
 
 import argparse
@@ -83,6 +87,9 @@ def main(args=None):
                         help='frames per second of --video (default 2)')
     parser.add_argument('--timeout', type=float, default=300.0,
                         help='seconds to wait for the node and for the answer (default 300)')
+    parser.add_argument('--action', action='store_true',
+                        help="ask through the node's ask action: stage lines on stderr, text "
+                             'as it comes; Ctrl-C cancels the goal')
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument('--schema', metavar='FILE',
                      help='answer as JSON valid against this JSON Schema file (prompt/json)')
@@ -95,6 +102,10 @@ def main(args=None):
     image = clip = None
     if opts.image and opts.video:
         parser.error('--image and --video exclude each other')
+    if opts.action and opts.video:
+        parser.error('--action sends a question with at most one --image (no --video)')
+    if opts.action and (opts.tools is not None or opts.detect is not None):
+        parser.error('--action sends a plain question: --tools and --detect go by prompt/json')
     if not opts.fps > 0:
         parser.error(f'--fps must be > 0, got {opts.fps:g}')
     try:
@@ -113,6 +124,12 @@ def main(args=None):
         return 1
     # No rclpy signal handlers: Ctrl-C must leave the context up so that we can call cancel.
     rclpy.init(args=['orin_llm_chat'] + argv, signal_handler_options=SignalHandlerOptions.NO)
+    if opts.action:
+        from orin_llm_node.cli import chat_action
+        try:
+            return chat_action.converse(opts, image, opts.response_format)
+        finally:
+            rclpy.try_shutdown()
     client = LLMClient(opts.namespace)
     client.on_error = lambda e: print(f'[node error] {e}', file=sys.stderr, flush=True)
     try:

@@ -8,7 +8,7 @@ from orin_llm_node.engine.conversation import Conversation
 from orin_llm_node.engine.finish_reason import FinishReason
 from orin_llm_node.engine.kv_manager import PoolStats
 from orin_llm_node.engine.llm_engine import EngineStats, LLMEngine
-from orin_llm_node.engine.turn import ChatResult, StreamEvent
+from orin_llm_node.engine.turn import ChatResult, Stage, StreamEvent
 
 __all__ = [
     'BlockPool',
@@ -20,5 +20,6 @@ __all__ = [
     'LLMEngine',
     'PoolStats',
     'SamplingParams',
+    'Stage',
     'StreamEvent',
 ]

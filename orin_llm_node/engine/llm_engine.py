@@ -347,8 +347,13 @@ class LLMEngine:
         return result
 
     def chat_stream(self, conv: Conversation, text=None, images=None,
-                    sampling: SamplingParams | None = None, *, videos=None, tool_results=None):
+                    sampling: SamplingParams | None = None, *, videos=None, tool_results=None,
+                    on_stage=None):
         """Like ``chat``, yielding ``StreamEvent``s with text deltas; the last carries the result.
+
+        ``on_stage(stage)`` (optional) is called on this thread as the turn enters each
+        ``turn.Stage`` (encoding images, prefill, decoding): what a caller reports as progress
+        before the first token.
 
         Invalid input (text, images, clips, sampling values, a ``response_format`` the library
         rejects or cannot take because it is not installed) raises ``ValueError`` before
@@ -361,11 +366,12 @@ class LLMEngine:
         engine from its first step to its end (or ``close()``): see the module docstring.
         """
         with self._guard.hold('chat_stream'):
-            yield from self._chat_stream(conv, text, images, sampling, videos, tool_results)
+            yield from self._chat_stream(conv, text, images, sampling, videos, tool_results,
+                                         on_stage)
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _chat_stream(self, conv, text, images, sampling, videos, tool_results):
+    def _chat_stream(self, conv, text, images, sampling, videos, tool_results, on_stage):
         t0 = time.perf_counter()
         self._cancel.clear()
         sampling = sampling or SamplingParams()
@@ -403,7 +409,7 @@ class LLMEngine:
         if shape.tool_calls is None:
             state.response_format, state.grammar = shape.response_format, shape.grammar
         try:
-            yield from loop.generate(conv, sampler, state, turn.pixel_values)
+            yield from loop.generate(conv, sampler, state, turn.pixel_values, on_stage)
         except GrammarDeadEnd as exc:
             state.finish, state.error = FinishReason.ERROR, str(exc)
         except GeneratorExit:  # the stream was closed early: a cancelled answer, kept

@@ -24,7 +24,8 @@ from .finish_reason import FinishReason
 from .sampler import NonFiniteLogits, Sampler
 from .structured import parse_answer
 
-__all__ = ['ChatResult', 'StreamEvent', 'TurnLoop', 'TurnState', 'check_message', 'check_text']
+__all__ = ['ChatResult', 'Stage', 'StreamEvent', 'TurnLoop', 'TurnState', 'check_message',
+           'check_text']
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,18 @@ class ChatResult:
     parsed: object = None
     tool_calls: list[dict] = field(default_factory=list)
     detections: list[dict] = field(default_factory=list)
+
+
+class Stage:
+    """What a turn is doing, as ``chat_stream(on_stage=...)`` is told at each change.
+
+    The stages come in this order; a turn without images (or whose images are all before the
+    cached prefix) skips ``ENCODING_IMAGES``, a turn stopped early ends where it stopped.
+    """
+
+    ENCODING_IMAGES = 'encoding_images'
+    PREFILL = 'prefill'
+    DECODING = 'decoding'       # the first token is sampled (its time is the TTFT)
 
 
 @dataclass
@@ -213,11 +226,14 @@ class TurnLoop:
             torch.cuda.synchronize(self.device)
         return parts[0], time.perf_counter() - t0
 
-    def generate(self, conv: Conversation, sampler: Sampler, state: TurnState, pixels):
+    def generate(self, conv: Conversation, sampler: Sampler, state: TurnState, pixels,
+                 on_stage=None):
         """Prefill the turn and decode its answer, yielding a ``StreamEvent`` per token.
 
-        Ends with ``state.finish`` set (or none, when closed early); raises
-        ``GrammarDeadEnd`` when a constrained answer cannot go on.
+        ``on_stage(stage)``: told each :class:`Stage` as the turn enters it (a callback, not
+        an event: the stream stays one event per token); it may call ``cancel()``. Ends with
+        ``state.finish`` set (or none, when closed early); raises ``GrammarDeadEnd`` when a
+        constrained answer cannot go on.
         """
         kv, runner, sampling = self.kv, self.runner, sampler.params
         prompt = list(conv.token_ids)
@@ -229,9 +245,14 @@ class TurnLoop:
         # The deadline and cancel() cover the prefill too: checked before the vision tower,
         # after it and between prefill chunks (the KV of the chunks done is kept: a later turn
         # reuses it).
+        # Each stage is told before the check that follows it: a caller may cancel() from it.
+        stage = on_stage or (lambda name: None)
+        if any(s + ref.num_tokens > state.cached for s, ref in spans):
+            stage(Stage.ENCODING_IMAGES)
         if self._prefill_stopped(state, deadline):
             return
         visual, state.vision_s = self.vision_rows(spans, state.cached, pixels)
+        stage(Stage.PREFILL)
         if self._prefill_stopped(state, deadline):
             return
         for written, chunk_logits in runner.prefill_chunks(
@@ -249,6 +270,7 @@ class TurnLoop:
         except NonFiniteLogits as exc:
             state.no_token(exc)
             return
+        stage(Stage.DECODING)
         while True:
             now = time.perf_counter()
             if not gen:

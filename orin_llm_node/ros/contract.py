@@ -59,6 +59,9 @@ CLIENT_IMAGES = Topic('image', 10)
 # Opened by activate (std_srvs/Trigger): forget the conversation; stop the answer in progress.
 RESET = 'reset'
 CANCEL = 'cancel'
+# The ask action (orin_llm_node/action/Ask), relative like the services: /orin_llm/ask under the
+# launch file's namespace.  Open in every state: a goal the node cannot take is refused with why.
+ASK = 'ask'
 
 
 def image_qos(reliable):

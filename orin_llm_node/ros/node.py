@@ -22,6 +22,7 @@ from std_srvs.srv import Trigger
 
 from orin_llm_node import parameters
 from orin_llm_node.ros import contract, node_parameters
+from orin_llm_node.ros.ask_server import AskServer
 from orin_llm_node.ros.callback_guard import GuardedCallbacks
 from orin_llm_node.ros.cameras.intake import ImageIntake
 from orin_llm_node.ros.node_replies import NodeReplies, RosLogHandler
@@ -74,6 +75,7 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
         self.session = Session(self.replies, self.settings, self.stop_requested.is_set)
         self._open_services = []        # from activate to deactivate
         self.prompts = PromptIntake(self)
+        self.ask = AskServer(self)      # the ask action, beside the prompt topics
         for topic, callback in ((contract.PROMPT, self.prompts.on_prompt),
                                 (contract.PROMPT_JSON, self.prompts.on_prompt_json)):
             self.create_subscription(String, topic.name, callback, topic.qos(),
@@ -237,9 +239,9 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
         self.replies.facts(state='inactive')
         self.replies.ready(False)
         self._close_inputs()
+        self.ask.stop_all('node deactivated')
         for request in self.session.drain():
-            self.prompts.refuse(request.request_id, request.text, 'node deactivated',
-                                (request.envelope or {}).get('tag'))
+            self.prompts.refuse_queued(request, 'node deactivated')
         self.replies.error('deactivated: prompts are refused until the node is activated')
         self.replies.diagnostics(force=True)
         return TransitionCallbackReturn.SUCCESS
@@ -256,6 +258,7 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
         """From any state: stop answering; main() then stops the session and exits 0."""
         self.replies.facts(state='finalized')
         self.replies.ready(False)
+        self.ask.stop_all('node shutting down')
         self.session.cancel()
         self.finished.set()
         self.replies.closing()

@@ -8,6 +8,8 @@ at once with the reason, on ``error`` and ``response/info``.  A full queue drops
 prompt, which is refused the same way.
 """
 
+import itertools
+
 from orin_llm_node import parameters
 from orin_llm_node.refusals import REASON_CHARS, clip, preview
 from orin_llm_node.ros import tool_requests
@@ -26,15 +28,25 @@ _NOT_READY = {
 }
 
 
+def not_ready(state):
+    """Why a prompt (or goal) is refused in ``state`` (anything but ``ready``)."""
+    return f"node is {state}: {_NOT_READY.get(state, 'it is not taking prompts')}"
+
+
 class PromptIntake:
     """The prompts of ``node`` (its state, parameters, cameras, session and replies).
 
-    Its callbacks run in one mutually exclusive group: request ids are handed out in order.
+    Request ids are handed out in arrival order, to prompts and ask goals alike (their
+    callbacks run in different groups: ``next(count)`` is atomic).
     """
 
     def __init__(self, node):
         self._node = node
-        self._next_request_id = 1
+        self._ids = itertools.count(1)
+
+    def next_request_id(self):
+        """The id of the next prompt or goal."""
+        return next(self._ids)
 
     def refuse(self, request_id, text, reason, tag=None, cameras=None):
         """Tell the sender (on ``error`` and ``response/info``) why its prompt is not answered.
@@ -45,16 +57,19 @@ class PromptIntake:
         self._node.replies.error(f'request {request_id}: {reason}')
         self._node.replies.info(AnswerInfo.refused(request_id, text, reason, tag, cameras))
 
+    def refuse_queued(self, request, reason):
+        """Refuse a request taken out of the queue unanswered (dropped for room, drained)."""
+        self.refuse(request.request_id, request.text, reason, (request.envelope or {}).get('tag'))
+        if request.listener is not None:
+            request.listener.refused(clip(reason, REASON_CHARS))
+
     def on_prompt(self, msg):
         """A ``prompt``: checked, then queued."""
-        request_id = self._next_request_id
-        self._next_request_id += 1
-        self._enqueue(request_id, msg.data)
+        self._enqueue(self.next_request_id(), msg.data)
 
     def on_prompt_json(self, msg):
         """A ``prompt/json`` request envelope (request_envelope.py): checked, then queued."""
-        request_id = self._next_request_id
-        self._next_request_id += 1
+        request_id = self.next_request_id()
         try:
             envelope = parse_envelope(msg.data, self._node.runtime('tools'))
         except EnvelopeError as exc:
@@ -79,8 +94,7 @@ class PromptIntake:
             return
         state = node.state()
         if state != 'ready':
-            why = _NOT_READY.get(state, 'it is not taking prompts')
-            self.refuse(request_id, text, f'node is {state}: {why}', tag)
+            self.refuse(request_id, text, not_ready(state), tag)
             return
         # detect takes each camera's newest frame as the camera sent it (its own pixels).
         video_s = (envelope or {}).get('video_s', 0.0 if 'detect' in (envelope or {})
@@ -105,6 +119,5 @@ class PromptIntake:
         node.replies.facts(queue_depth=node.session.queue_depth())
         if dropped is not None:
             node.replies.count(dropped_prompts=1)
-            self.refuse(dropped.request_id, dropped.text,
-                        f"queue full (queue_size {capacity}): dropped the oldest prompt "
-                        f"'{preview(dropped.text)}'", (dropped.envelope or {}).get('tag'))
+            self.refuse_queued(dropped, f'queue full (queue_size {capacity}): dropped the oldest '
+                               f"prompt '{preview(dropped.text)}'")

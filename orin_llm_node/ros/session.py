@@ -81,6 +81,7 @@ class Session:
         self._queue = deque()
         self._reset = False
         self._busy = False
+        self._current = None            # the request being answered (its id: cancel one)
         self._cancel_pending = False
         self._command = None
         self._command_done = threading.Event()
@@ -103,6 +104,20 @@ class Session:
             self._cond.notify_all()
             return dropped
 
+    def offer(self, request, capacity):
+        """Queue ``request`` if fewer than ``capacity`` wait (nothing dropped); True if queued.
+
+        Its listener hears its place first, before this thread can take it and say more.
+        """
+        with self._cond:
+            if len(self._queue) >= capacity:
+                return False
+            if request.listener is not None:
+                request.listener.queued(len(self._queue))
+            self._queue.append(request)
+            self._cond.notify_all()
+            return True
+
     def queue_depth(self):
         """Prompts waiting."""
         with self._cond:
@@ -121,9 +136,26 @@ class Session:
             self._reset = True
             self._cond.notify_all()
 
-    def cancel(self):
-        """Stop the generation in progress; True if there was one."""
+    def withdraw(self, request_id):
+        """Take the queued request ``request_id`` out of the queue; it, or None if not queued."""
         with self._cond:
+            found = [r for r in self._queue if r.request_id == request_id]
+            if not found:
+                return None
+            self._queue.remove(found[0])
+            waiting = list(self._queue)
+        _tell_positions(waiting)
+        return found[0]
+
+    def cancel(self, request_id=None):
+        """Stop the generation in progress (only if it answers ``request_id``, when given).
+
+        True if there was one to stop.
+        """
+        with self._cond:
+            if request_id is not None and (self._current is None
+                                           or self._current.request_id != request_id):
+                return False
             if self._busy and self._engine is not None:
                 # The engine clears its flag when a turn starts, so the session repeats the
                 # cancel after it has begun (_cancel_pending) in case we came too early.
@@ -200,11 +232,13 @@ class Session:
                 reset, self._reset = self._reset, False
                 if (self._queue and self._engine is not None and not reset and not command
                         and not self._stop.is_set()):
-                    request = self._queue.popleft()
+                    request = self._current = self._queue.popleft()
                     self._busy = True
                     self._cancel_pending = False
+                waiting = list(self._queue) if request is not None else []
             if self._stop.is_set():
                 break
+            _tell_positions(waiting)
             if command is not None:
                 self._command_result = self._run_command(command)
                 self._command_done.set()
@@ -225,6 +259,7 @@ class Session:
             finally:
                 with self._cond:
                     self._busy = False
+                    self._current = None
             self._diagnostics()
 
     def _diagnostics(self, force=False, only_if_due=False):
@@ -257,7 +292,10 @@ class Session:
             self.replies.error(text)
             return
         self.replies.error(f'{text} (request {request.request_id})')
-        self.replies.info(AnswerInfo.failed(request, text, camera_report(request)))
+        info = AnswerInfo.failed(request, text, camera_report(request))
+        self.replies.info(info)
+        if request.listener is not None:
+            request.listener.finished(info, None)
 
     def _drop_conversation(self, why=None):
         if self._conv is not None and self._engine is not None:
@@ -275,13 +313,23 @@ class Session:
             self._conv_system_prompt = system_prompt
         return self._conv
 
-    def _turn(self, conv, text, images, sampling, **extra):
-        # One streamed turn: deltas out, a cancel that came early repeated, diagnostics due.
+    def _turn(self, conv, text, images, sampling, listener=None, **extra):
+        # One streamed turn: deltas out (to the topics, and to the request's listener: an ask
+        # goal), its stages to the listener, a cancel that came early repeated, diagnostics due.
         result = None
+
+        def on_stage(name):
+            if listener is not None:
+                listener.stage(name)
+            if self._cancel_pending:
+                self._engine.cancel()   # came before the turn began (its start cleared it)
+
         for event in self._engine.chat_stream(conv, text, images=images, sampling=sampling,
-                                              **extra):
+                                              on_stage=on_stage, **extra):
             if event.delta:
                 self.replies.stream(event.delta)
+            if listener is not None:
+                listener.delta(event.delta, event.token_id is not None)
             if event.result is not None:
                 result = event.result
             if self._cancel_pending:
@@ -309,11 +357,12 @@ class Session:
         if envelope.get('conversation') == 'new':
             self._drop_conversation('prompt/json asked for a new conversation')
         t0 = time.monotonic()
+        listener = request.listener
         per_camera = found = None
         if sampling.detect is not None:     # one turn per camera, outside the conversation
             result, found, per_camera = detections.detect_turns(
                 self._engine, values['system_prompt'] or None, request, used, sampling,
-                self._turn)
+                lambda *args: self._turn(*args, listener=listener))
         else:
             conv = self._conversation(values['system_prompt'] or None)
             # videos only when there is one: the keyword is the video-capable engine's.
@@ -322,7 +371,7 @@ class Session:
                 extra['tool_results'] = tool_requests.engine_results(
                     envelope['tool_results'], conv.pending_tool_calls())
             try:
-                result = self._turn(conv, text, images, sampling, **extra)
+                result = self._turn(conv, text, images, sampling, listener, **extra)
             finally:
                 if values['conversation_mode'] == 'single':
                     self._drop_conversation()   # every prompt alone; its blocks stay as cache
@@ -333,10 +382,13 @@ class Session:
         replies.facts(last_finish_reason=finish, last_ttft_ms=1000.0 * result.ttft_s,
                       last_vision_ms=1000.0 * result.vision_s,
                       last_decode_tok_s=result.decode_tok_s)
-        replies.info(AnswerInfo.answered(request, result, camera_report(request),
-                                         self._engine.weight_format, found))
+        info = AnswerInfo.answered(request, result, camera_report(request),
+                                   self._engine.weight_format, found)
+        replies.info(info)
         if per_camera:
             replies.detections(per_camera)
+        if listener is not None:
+            listener.finished(info, result)
         what = camera_prompt.summary(request, used)
         if result.error:
             # Refused before it ran (the context or the pool), or failed while it ran ('error':
@@ -357,3 +409,11 @@ class Session:
             replies.logger.warning(summary)
         else:
             replies.logger.info(summary)
+
+
+def _tell_positions(waiting):
+    # Each queued request with a listener hears how many are ahead of it (outside the lock:
+    # a listener publishes).
+    for ahead, request in enumerate(waiting):
+        if request.listener is not None:
+            request.listener.queued(ahead)

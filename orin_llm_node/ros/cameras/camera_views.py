@@ -66,6 +66,10 @@ class Request:
     synchronised: bool = True       # the frames are one approximate-time set (or one camera)
     video_s: float = 0.0            # the clip's length asked for (0: single frames)
     envelope: dict | None = None    # prompt/json: the checked keys (request_envelope.KEYS)
+    # Told what becomes of this request besides the topics (an ask goal: goal_feedback.py):
+    # ``queued(ahead)``, ``stage(name)``, ``delta(text)``, ``finished(info, result)`` on the
+    # session's thread, ``refused(reason)`` where it is dropped or drained unanswered.
+    listener: object = None
 
     @property
     def image(self):
