@@ -20,7 +20,7 @@ import traceback
 
 from orin_llm_node import parameters
 from orin_llm_node.refusals import REASON_CHARS, preview
-from orin_llm_node.ros import model_loading
+from orin_llm_node.ros import model_loading, native_heap
 from orin_llm_node.ros.cameras import camera_prompt
 from orin_llm_node.ros.cameras.camera_report import camera_report
 from orin_llm_node.ros.cameras.frame_ring import FrameSizer
@@ -225,6 +225,8 @@ class Session:
             finally:
                 with self._cond:
                     self._busy = False
+            if request is not None and any(v.image is not None for v in request.views):
+                native_heap.trim()      # the frame decoded at full size for this prompt
             self._diagnostics()
 
     def _diagnostics(self, force=False, only_if_due=False):
