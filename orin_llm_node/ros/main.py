@@ -57,8 +57,10 @@ def _run(args):
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     from orin_llm_node.ros import dds_profile, native_heap
-    # Before any thread allocates (DDS, the executor's, torch's): see native_heap.py.
-    native_heap.limit_arenas(MALLOC_ARENAS)
+    # Before any thread allocates (DDS, the executor's, torch's): see native_heap.py.  An
+    # operator's own MALLOC_ARENA_MAX (glibc reads it at start-up) is left to stand.
+    if 'MALLOC_ARENA_MAX' not in os.environ:
+        native_heap.limit_arenas(MALLOC_ARENAS)
     # Before the DDS participant exists (rclpy.init): large camera frames must reach us.
     profile = dds_profile.apply()
 
