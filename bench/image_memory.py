@@ -9,7 +9,10 @@
   ``malloc_trim``), with the frame size for scale.
 * Node (``--node-prompts``, default 30; 0 skips it): the node process on the same checkpoint at
   its defaults, each prompt paired with a new grey 5792x5792 PNG (tens of KB compressed, 100 MB
-  decoded); reported: the node's VmRSS once ready and after every prompt, then after ``reset``.
+  decoded); reported: the node's VmRSS once ready, right after every answer (a point may
+  catch the video ring still decoding that prompt's frame), settled (2 s after the last
+  answer), its peak (VmHWM) when ready and at the end, then after ``reset``; and the prompts
+  that went without an image, with the node's reason.
 
 Loopback-only DDS on a private ROS_DOMAIN_ID; every wait is bounded.
 
@@ -43,12 +46,12 @@ from orin_llm_node.testing import tiny_checkpoint  # noqa: E402
 NS = '/bench_image_memory'
 
 
-def rss_mb(pid='self'):
-    """Resident set size of a process in MB."""
+def rss_mb(pid='self', field='VmRSS'):
+    """Resident set size of a process in MB (``VmHWM``: its peak)."""
     for line in Path(f'/proc/{pid}/status').read_text().splitlines():
-        if line.startswith('VmRSS:'):
+        if line.startswith(field + ':'):
             return int(line.split()[1]) / 1024
-    raise RuntimeError('no VmRSS')
+    raise RuntimeError(f'no {field}')
 
 
 def trimmed_rss_mb():
@@ -153,7 +156,7 @@ def bench_node(ckpt: Path, prompts: int, log_dir: Path) -> dict:
         png = grey_png(5792, 5792)
         msg = CompressedImage(format='png')
         msg.data = array.array('B', png)
-        ready_mb = rss_mb(proc.pid)
+        ready_mb, ready_peak_mb = rss_mb(proc.pid), rss_mb(proc.pid, 'VmHWM')
         curve = []
         for i in range(prompts):
             pub_image.publish(msg)
@@ -164,6 +167,12 @@ def bench_node(ckpt: Path, prompts: int, log_dir: Path) -> dict:
             pub_prompt.publish(String(data=f'What do you see, {i}?'))
             spin_until(lambda c=count: len(state['infos']) > c, 120)
             curve.append(round(rss_mb(proc.pid), 1))
+        # Sampled right after an answer, a point may catch the video ring still decoding that
+        # prompt's frame on the camera thread; 2 s later nothing is in flight.
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            rclpy.spin_once(n, timeout_sec=0.05)
+        settled_mb = rss_mb(proc.pid)
         reset.wait_for_service(timeout_sec=10)
         future = reset.call_async(Trigger.Request())
         spin_until(future.done, 30)
@@ -171,9 +180,15 @@ def bench_node(ckpt: Path, prompts: int, log_dir: Path) -> dict:
         while time.monotonic() < end:
             rclpy.spin_once(n, timeout_sec=0.05)
         images = sum(1 for i in state['infos'] if i.get('image'))
+        missing = {n: i.get('no_image') for n, i in enumerate(state['infos'])
+                   if not i.get('image')}
         return {'prompts': prompts, 'png_kb': round(len(png) / 1024, 1),
                 'frame': '5792x5792', 'prompts_with_image': images,
+                'no_image': missing,
                 'rss_ready_mb': round(ready_mb, 1), 'rss_after_mb': curve[-1] if curve else None,
+                'rss_settled_mb': round(settled_mb, 1),
+                'rss_peak_ready_mb': round(ready_peak_mb, 1),
+                'rss_peak_mb': round(rss_mb(proc.pid, 'VmHWM'), 1),
                 'rss_after_reset_mb': round(rss_mb(proc.pid), 1), 'rss_mb_per_prompt': curve}
     finally:
         n.destroy_node()

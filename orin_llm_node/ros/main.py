@@ -23,6 +23,9 @@ import threading
 # One thread per callback group of the node (lifecycle, parameters, prompts, cameras,
 # diagnostics) and one spare: a configure that loads for a minute holds one of them.
 EXECUTOR_THREADS = 6
+# glibc malloc arenas for the whole process (the main thread's and one that every other thread
+# shares): a frame decoded on any executor thread leaves its freed pages in one place.
+MALLOC_ARENAS = 2
 
 
 def main(args=None):
@@ -53,7 +56,11 @@ def _run(args):
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    from orin_llm_node.ros import dds_profile
+    from orin_llm_node.ros import dds_profile, native_heap
+    # Before any thread allocates (DDS, the executor's, torch's): see native_heap.py.  An
+    # operator's own MALLOC_ARENA_MAX (glibc reads it at start-up) is left to stand.
+    if 'MALLOC_ARENA_MAX' not in os.environ:
+        native_heap.limit_arenas(MALLOC_ARENAS)
     # Before the DDS participant exists (rclpy.init): large camera frames must reach us.
     profile = dds_profile.apply()
 

@@ -6,6 +6,7 @@ import sys
 import time
 
 from orin_llm_node.parameters import engine_config
+from orin_llm_node.ros import native_heap
 
 
 def load_engine(params, log, should_stop=None):
@@ -38,8 +39,4 @@ def release_memory():
     torch = sys.modules.get('torch')
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
-    try:
-        import ctypes
-        ctypes.CDLL('libc.so.6').malloc_trim(0)
-    except (OSError, AttributeError):
-        pass                            # not glibc: the allocator keeps what it keeps
+    native_heap.trim()

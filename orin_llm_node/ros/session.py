@@ -20,7 +20,7 @@ import traceback
 
 from orin_llm_node import parameters
 from orin_llm_node.refusals import REASON_CHARS, preview
-from orin_llm_node.ros import detections, model_loading, tool_requests
+from orin_llm_node.ros import detections, model_loading, native_heap, tool_requests
 from orin_llm_node.ros.cameras import camera_prompt
 from orin_llm_node.ros.cameras.camera_report import camera_report
 from orin_llm_node.ros.cameras.frame_ring import FrameSizer
@@ -260,6 +260,8 @@ class Session:
                 with self._cond:
                     self._busy = False
                     self._current = None
+            if request is not None and any(v.image is not None for v in request.views):
+                native_heap.trim()      # the frame decoded at full size for this prompt
             self._diagnostics()
 
     def _diagnostics(self, force=False, only_if_due=False):

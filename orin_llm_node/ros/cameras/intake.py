@@ -20,6 +20,7 @@ from sensor_msgs.msg import CompressedImage, Image
 
 from orin_llm_node.parameters import camera_topics
 from orin_llm_node.refusals import REASON_CHARS, clip
+from orin_llm_node.ros import native_heap
 from orin_llm_node.ros.cameras import ros_image
 from orin_llm_node.ros.cameras.blind_camera import BlindWatch
 from orin_llm_node.ros.cameras.camera_sync import ApproximateSync
@@ -236,21 +237,15 @@ class ImageIntake:
         pending = PendingImage(msg, compressed, stamp, stamped)
         try:
             # Headers only: every check the engine's image processor would make, and the size
-            # of a compressed image from its header (decoded here only when due for the video
-            # ring, below).
+            # of a compressed image from its header (decoded below only when due for the video
+            # ring).
             (ros_image.check_compressed if compressed else ros_image.check_image)(msg)
             ahead = (stamp - now) / 1e9
             if ahead > FUTURE_TOLERANCE_S:
                 raise ros_image.ImageConversionError(
                     f'stamp is {ahead:.1f} s in the future (clocks out of sync?)', 'future')
-            with self._lock:
-                due = self._processor is not None and camera.ring.wants(stamp)
-            # Only frames due on the video_fps grid are decoded here, and resized once, now.
-            rgb = resize_for_model(pending.rgb(), self._processor) if due else None
         except ros_image.ImageConversionError as exc:
-            with self._lock:
-                camera.refused = clip(exc, REASON_CHARS)
-            self.node.replies.refuse_image(topic, exc)
+            self._refuse(camera, topic, exc)
             return
         with self._lock:
             camera.refused = ''
@@ -258,15 +253,42 @@ class ImageIntake:
             if self._replaces(None if kept is None else [(kept.stamp_ns, kept)],
                               [(stamp, pending)], now):
                 camera.newest = pending
-            if len(self.cameras) > 1:
-                found = self._sync.add(camera.index, stamp, pending)
-                if found is not None and self._replaces(self._synced, found, now):
-                    self._synced = found
-            if rgb is not None:
-                camera.ring.offer(stamp, lambda: rgb, clip(msg.header.frame_id, FRAME_ID_CHARS),
-                                  stamped)
-        if rgb is not None:
-            self._report_memory()
+            due = self._processor is not None and camera.ring.wants(stamp)
+        if not due:
+            self._synchronise(camera, stamp, pending, now)
+            return
+        # Only frames due on the video_fps grid are decoded here, and resized once, now; the
+        # frame is already the newest one meanwhile (decoding a large one takes a second, and
+        # a prompt arriving then is paired with it, as with a frame never decoded here).
+        try:
+            rgb = resize_for_model(pending.rgb(), self._processor)
+        except ros_image.ImageConversionError as exc:
+            with self._lock:
+                if camera.newest is pending:
+                    camera.newest = kept
+            self._refuse(camera, topic, exc)
+            return
+        finally:
+            native_heap.trim()      # the full frame's pages, freed on this executor thread
+        self._synchronise(camera, stamp, pending, now)
+        with self._lock:
+            camera.ring.offer(stamp, lambda: rgb, clip(msg.header.frame_id, FRAME_ID_CHARS),
+                              stamped)
+        self._report_memory()
+
+    def _synchronise(self, camera, stamp, pending, now):
+        # The newest approximate-time set across the cameras, with this frame offered to it.
+        if len(self.cameras) < 2:
+            return
+        with self._lock:
+            found = self._sync.add(camera.index, stamp, pending)
+            if found is not None and self._replaces(self._synced, found, now):
+                self._synced = found
+
+    def _refuse(self, camera, topic, exc):
+        with self._lock:
+            camera.refused = clip(exc, REASON_CHARS)
+        self.node.replies.refuse_image(topic, exc)
 
     @staticmethod
     def _replaces(kept, arrived, now_ns):
