@@ -206,11 +206,9 @@ PARAMETERS = (
           '(none = as stored; INT4 / INT8 / FP8 checkpoints load in their own format)',
           constraints='none | int8 | int4 | int4_asym | fp8',
           choices=('none', 'int8', 'int4', 'int4_asym', 'fp8'), engine=_config('quantization')),
-    Param('backend', 'local', 'what answers: local = this machine runs the checkpoint; '
-          'openai = an OpenAI-compatible server (vLLM, orin_llm_serve) at base_url answers, '
-          "model_path then only sizes the images (its preprocessor_config.json; empty = "
-          "Qwen3-VL's published values)", constraints='local | openai',
-          choices=('local', 'openai')),
+    Param('backend', 'local', 'local: this machine runs the checkpoint; openai: the server at '
+          'base_url answers (model_path then only sizes the images; empty = Qwen3-VL sizes)',
+          constraints='local | openai', choices=('local', 'openai')),
     Param('base_url', '', 'backend openai: the API root, e.g. http://gpu-box:8000/v1',
           constraints='http(s) URL (backend openai)', engine=_openai('base_url')),
     Param('model', '', 'backend openai: the model name the server serves (GET /models lists it)',
@@ -221,18 +219,16 @@ PARAMETERS = (
     Param('backend_connect_timeout_s', 3.0, 'backend openai: seconds to open a connection',
           constraints='> 0.0', bounds=Range(0.0, low_open=True),
           engine=_openai('connect_timeout_s')),
-    Param('backend_read_timeout_s', 60.0, 'backend openai: longest silence of the server before '
-          'and within an answer (seconds)', constraints='> 0.0',
-          bounds=Range(0.0, low_open=True), engine=_openai('read_timeout_s')),
+    Param('backend_read_timeout_s', 60.0, 'backend openai: longest silence of the server (s)',
+          constraints='> 0.0', bounds=Range(0.0, low_open=True), engine=_openai('read_timeout_s')),
     Param('backend_request_timeout_s', 300.0, 'backend openai: longest whole answer (seconds)',
           constraints='> 0.0', bounds=Range(0.0, low_open=True),
           engine=_openai('request_timeout_s')),
     Param('backend_retries', 2, 'backend openai: tries more when the server is unreachable or '
           'answers 429/5xx before any text', constraints='0..10', bounds=Range(0, 10),
           engine=_openai('retries')),
-    Param('backend_retry_backoff_s', 0.5, 'backend openai: wait before the first retry '
-          '(doubling)', constraints='>= 0.0', bounds=Range(0.0),
-          engine=_openai('retry_backoff_s')),
+    Param('backend_retry_backoff_s', 0.5, 'backend openai: wait before the first retry (doubling)',
+          constraints='>= 0.0', bounds=Range(0.0), engine=_openai('retry_backoff_s')),
     Param('return_token_ids', False, "backend openai: ask for the answer's token ids (vLLM's and "
           "orin_llm_serve's extension; without it response/info counts the server's usage)",
           engine=_openai('return_token_ids')),
@@ -398,8 +394,16 @@ def check_parameters(values):
     except ValueError as exc:
         field = str(exc).split()[0].split('.')[0]  # 'response_format.type' names a parameter
         name = PARAMETER_OF_FIELD.get(field, field)
-        given = f' = {values[name]!r}' if name in values else ''
+        given = f' = {_without_password(values[name])!r}' if name in values else ''
         raise ParameterError(f"parameter '{name}'{given}: {exc}") from None
+
+
+def _without_password(value):
+    # A base_url with user:password@ is refused; the refusal (a FATAL log line) must not say it.
+    if isinstance(value, str) and '@' in value.partition('//')[2].partition('/')[0]:
+        scheme, _, rest = value.partition('//')
+        return f"{scheme}//***@{rest.partition('@')[2]}"
+    return value
 
 
 def engine_fields(values, to):
