@@ -179,8 +179,7 @@ class Param:
         """Why ``v`` (of the right type) is refused by the node's own rules, or None."""
         if self.check is not None and (reason := self.check(v)):
             return reason
-        # The server's settings are checked here too: OpenAIConfig sees them only with
-        # backend openai, and a bad value must not wait for that to be refused.
+        # Server settings too: OpenAIConfig sees them only with backend openai.
         own = self.engine is None or self.engine.to == 'openai'
         if own and self.choices and v not in self.choices:
             return f"must be one of {', '.join(self.choices)}"
@@ -422,11 +421,7 @@ def engine_config(values):
 
 
 def openai_config(values):
-    """The ``OpenAIConfig`` of ``backend: openai``: the server, and images sized as locally.
-
-    The images are resized on the robot by ``model_path``'s processor ('' = Qwen3-VL's
-    published values, not the demo checkpoint's) within the node's own pixel bounds.
-    """
+    """``backend: openai``'s ``OpenAIConfig``; images sized by ``model_path``'s processor."""
     from orin_llm_node.backends.openai_config import OpenAIConfig
     return OpenAIConfig(**engine_fields(values, 'openai'), processor_path=values['model_path'],
                         image_max_pixels=values['image_max_pixels'] or None,
