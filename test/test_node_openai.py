@@ -148,7 +148,12 @@ def test_openai_backend_answers_as_the_local_engine(which, make_ckpt, tmp_path):
             probe.spin_until(lambda p=probe, n=n: len(p.responses) >= n, 20.0,
                              'the answers on response')
             assert probe.responses == texts
-        level, _, values = probes[-1].backend_status()
+        # The status after the last answer (published within a diagnostics period).
+        remote_probe = probes[-1]
+        remote_probe.spin_until(
+            lambda: remote_probe.backend_status()[2].get('requests') == str(len(got)),
+            30.0, 'every answer counted in the backend status')
+        level, _, values = remote_probe.backend_status()
         assert level == 0 and values['reachable'] == 'true'
         assert values['server_model'] == ckpt.name and values['errors'] == '0'
         assert float(values['last_ttft_ms']) > 0
