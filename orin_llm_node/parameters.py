@@ -146,7 +146,8 @@ class Range:
 class EngineField:
     """Where a parameter goes in the engine: a field of ``EngineConfig`` or ``SamplingParams``.
 
-    ``to``: ``config`` or ``sampling``; ``name``: the field; ``unset``: the parameter's value
+    ``to``: ``config``, ``sampling`` or ``openai`` (``OpenAIConfig``, read only with
+    ``backend: openai``); ``name``: the field; ``unset``: the parameter's value
     that means "the engine's default" (passed as None); ``convert``: the parameter's value to
     the engine's (``response_format``: its JSON text to a dict), else the value as it is.
     """
@@ -169,6 +170,10 @@ def _config(name, unset=None):
 
 def _sampling(name, unset=None, convert=None):
     return EngineField('sampling', name, unset, convert)
+
+
+def _openai(name):
+    return EngineField('openai', name)
 
 
 @dataclass(frozen=True)
@@ -198,9 +203,11 @@ class Param:
         """Why ``v`` (of the right type) is refused by the node's own rules, or None."""
         if self.check is not None and (reason := self.check(v)):
             return reason
-        if self.engine is None and self.choices and v not in self.choices:
+        # Server settings too: OpenAIConfig sees them only with backend openai.
+        own = self.engine is None or self.engine.to == 'openai'
+        if own and self.choices and v not in self.choices:
             return f"must be one of {', '.join(self.choices)}"
-        if self.engine is None and self.bounds is not None:
+        if own and self.bounds is not None:
             return self.bounds.reason(v)
         return None
 
@@ -222,6 +229,32 @@ PARAMETERS = (
           '(none = as stored; INT4 / INT8 / FP8 checkpoints load in their own format)',
           constraints='none | int8 | int4 | int4_asym | fp8',
           choices=('none', 'int8', 'int4', 'int4_asym', 'fp8'), engine=_config('quantization')),
+    Param('backend', 'local', 'local: this machine runs the checkpoint; openai: the server at '
+          'base_url answers (model_path then only sizes the images; empty = Qwen3-VL sizes)',
+          constraints='local | openai', choices=('local', 'openai')),
+    Param('base_url', '', 'backend openai: the API root, e.g. http://gpu-box:8000/v1',
+          constraints='http(s) URL (backend openai)', engine=_openai('base_url')),
+    Param('model', '', 'backend openai: the model name the server serves (GET /models lists it)',
+          constraints='non-empty (backend openai)', engine=_openai('model')),
+    Param('api_key_env', '', 'backend openai: the NAME of the environment variable holding the '
+          'API key, never the key (empty = send none)', constraints='variable name or empty',
+          engine=_openai('api_key_env')),
+    Param('backend_connect_timeout_s', 3.0, 'backend openai: seconds to open a connection',
+          constraints='> 0.0', bounds=Range(0.0, low_open=True),
+          engine=_openai('connect_timeout_s')),
+    Param('backend_read_timeout_s', 60.0, 'backend openai: longest silence of the server (s)',
+          constraints='> 0.0', bounds=Range(0.0, low_open=True), engine=_openai('read_timeout_s')),
+    Param('backend_request_timeout_s', 300.0, 'backend openai: longest whole answer (seconds)',
+          constraints='> 0.0', bounds=Range(0.0, low_open=True),
+          engine=_openai('request_timeout_s')),
+    Param('backend_retries', 2, 'backend openai: tries more when the server is unreachable or '
+          'answers 429/5xx before any text', constraints='0..10', bounds=Range(0, 10),
+          engine=_openai('retries')),
+    Param('backend_retry_backoff_s', 0.5, 'backend openai: wait before the first retry (doubling)',
+          constraints='>= 0.0', bounds=Range(0.0), engine=_openai('retry_backoff_s')),
+    Param('return_token_ids', False, "backend openai: ask for the answer's token ids (vLLM's and "
+          "orin_llm_serve's extension; without it response/info counts the server's usage)",
+          engine=_openai('return_token_ids')),
     Param('max_new_tokens', 256, 'most tokens generated per answer', runtime=True,
           constraints='>= 1', bounds=_COUNT, engine=_sampling('max_tokens')),
     Param('temperature', 0.0, 'sampling temperature (0 = greedy)', runtime=True,
@@ -386,11 +419,21 @@ def check_parameters(values):
     try:
         engine_config(values)
         sampling_params(values)
+        if values['backend'] == 'openai':
+            openai_config(values)
     except ValueError as exc:
         field = str(exc).split()[0].split('.')[0]  # 'response_format.type' names a parameter
         name = PARAMETER_OF_FIELD.get(field, field)
-        given = f' = {values[name]!r}' if name in values else ''
+        given = f' = {_without_password(values[name])!r}' if name in values else ''
         raise ParameterError(f"parameter '{name}'{given}: {exc}") from None
+
+
+def _without_password(value):
+    # A base_url with user:password@ is refused; the refusal (a FATAL log line) must not say it.
+    if isinstance(value, str) and '@' in value.partition('//')[2].partition('/')[0]:
+        scheme, _, rest = value.partition('//')
+        return f"{scheme}//***@{rest.partition('@')[2]}"
+    return value
 
 
 def engine_fields(values, to):
@@ -406,6 +449,14 @@ def engine_config(values):
     """The EngineConfig the parameters ask for (an empty ``model_path``: the demo checkpoint)."""
     from orin_llm_node.engine import EngineConfig
     return EngineConfig(**engine_fields(values, 'config'))
+
+
+def openai_config(values):
+    """``backend: openai``'s ``OpenAIConfig``; images sized by ``model_path``'s processor."""
+    from orin_llm_node.backends.openai_config import OpenAIConfig
+    return OpenAIConfig(**engine_fields(values, 'openai'), processor_path=values['model_path'],
+                        image_max_pixels=values['image_max_pixels'] or None,
+                        image_min_pixels=values['image_min_pixels'] or None)
 
 
 def sampling_params(values):

@@ -44,7 +44,8 @@ def test_an_answer_has_the_readme_keys_in_order():
     out = json.loads(info.to_json())
     assert list(out) == ['request_id', 'prompt', 'text', 'image', 'no_image', *CAMERA_KEYS,
                          'finish_reason', 'error', 'generated_tokens', 'cached_tokens',
-                         'prompt_tokens', 'ttft_ms', 'decode_tok_s', 'weight_format']
+                         'prompt_tokens', 'ttft_ms', 'decode_tok_s', 'weight_format',
+                         'backend', 'model']
     assert out['no_image'] == 'no image received yet' and out['image'] is None
     assert (out['generated_tokens'], out['cached_tokens'], out['prompt_tokens']) == (3, 16, 40)
     assert (out['ttft_ms'], out['decode_tok_s']) == (41.234, 88.543)

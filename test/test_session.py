@@ -170,7 +170,7 @@ def test_answers_equal_the_engine_and_say_everything_in_order(loaded, reference)
     assert list(info) == ['request_id', 'prompt', 'text', 'image', 'no_image', 'cameras',
                           'camera_sync', 'video', 'finish_reason', 'error', 'generated_tokens',
                           'cached_tokens', 'prompt_tokens', 'ttft_ms', 'decode_tok_s',
-                          'weight_format']
+                          'weight_format', 'backend', 'model']
     assert info['image'] == {'stamp': {'sec': 5, 'nanosec': 0}, 'frame_id': 'camera',
                              'stamped': True}
     assert info['no_image'] is None and info['text'] == want[0] and info['error'] is None

@@ -93,7 +93,9 @@ class AnswerInfo:
     for the context or the pool, or failed while it ran), ``failed`` (the session could not run
     it: bad input, an internal error) or ``refused`` (never queued: empty, too long, a full
     queue, a node not active, a bad envelope).  Only an answer carries the token counts,
-    latency, weight format and ``no_image``; the camera part is there whenever it was taken.
+    latency, weight format, ``no_image``, ``backend`` and the server's ``model`` (None on the
+    local backend); the camera part is there whenever it was taken.  A count or time a
+    server does not report is None (null), never guessed.
     """
 
     kind: str
@@ -118,23 +120,30 @@ class AnswerInfo:
     # its boxes in each camera frame's pixels (ros/detections.py; None: not a detect request).
     tool_calls: list = field(default_factory=list)
     detections: list | None = None
+    backend: str = 'local'          # what answered: local | openai
+    model: str | None = None        # the model name the server answered with
 
     @classmethod
-    def answered(cls, request, result, cameras, weight_format, detections=None):
+    def answered(cls, request, result, cameras, weight_format, detections=None,
+                 backend='local', model=None):
         """The engine's ``result`` for ``request`` (``cameras``: its :class:`CameraReport`).
 
-        ``detections``: a detect request's boxes, as ros/detections.py gives them.
+        ``result``: an ``LLMEngine`` ``ChatResult`` or a server's ``RemoteResult`` (token ids
+        only when the server returns them, its ``usage`` counts otherwise). ``detections``: a
+        detect request's boxes, as ros/detections.py gives them.
         """
         return cls(
             'answered', request.request_id, request.text, result.finish_reason,
             error=result.error, text=None if result.error else result.text,
             image=cameras.image, no_image=cameras.missing, cameras=cameras.fields,
-            generated_tokens=len(result.token_ids), cached_tokens=result.cached_tokens,
-            prompt_tokens=len(result.prompt_token_ids),
+            generated_tokens=_count(result.token_ids, result, 'completion_tokens'),
+            cached_tokens=result.cached_tokens,
+            prompt_tokens=_count(result.prompt_token_ids, result, 'prompt_tokens'),
             ttft_ms=round(1000.0 * result.ttft_s, 3),
-            decode_tok_s=round(result.decode_tok_s, 3), weight_format=weight_format,
-            tag=_tag(request.envelope), valid=result.valid, parsed=result.parsed,
-            tool_calls=list(result.tool_calls), detections=detections)
+            decode_tok_s=None if result.decode_tok_s is None else round(result.decode_tok_s, 3),
+            weight_format=weight_format or None, tag=_tag(request.envelope), valid=result.valid,
+            parsed=result.parsed, tool_calls=list(getattr(result, 'tool_calls', None) or []),
+            detections=detections, backend=backend, model=model)
 
     @classmethod
     def failed(cls, request, reason, cameras):
@@ -163,7 +172,8 @@ class AnswerInfo:
         if self.kind == 'answered':
             out.update(generated_tokens=self.generated_tokens, cached_tokens=self.cached_tokens,
                        prompt_tokens=self.prompt_tokens, ttft_ms=self.ttft_ms,
-                       decode_tok_s=self.decode_tok_s, weight_format=self.weight_format)
+                       decode_tok_s=self.decode_tok_s, weight_format=self.weight_format,
+                       backend=self.backend, model=self.model)
         if self.tag is not None:
             out['tag'] = self.tag
         if self.valid is not None:
@@ -177,3 +187,8 @@ class AnswerInfo:
 
 def _tag(envelope):
     return (envelope or {}).get('tag')
+
+
+def _count(ids, result, reported):
+    # Tokens counted from their ids, else the server's own count (usage), else unknown.
+    return len(ids) if ids is not None else getattr(result, reported, None)

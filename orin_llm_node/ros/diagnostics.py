@@ -20,6 +20,8 @@ import threading
 
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
+from orin_llm_node.ros.backend_diagnostics import backend_level, backend_values
+
 OK = 0
 WARN = 1
 ERROR = 2
@@ -258,8 +260,11 @@ class DiagnosticsMonitor:
             recent[key] = sum(n for _, n in events)
         return recent
 
-    def statuses(self, now, pool_stats, facts):
-        """Both statuses for time ``now`` (seconds, any monotonic clock); updates the windows."""
+    def statuses(self, now, pool_stats, facts, backend_stats=None):
+        """The statuses for time ``now`` (seconds, any monotonic clock); updates the windows.
+
+        ``backend_stats``: a remote backend's ``BackendStats`` (its ``backend`` status).
+        """
         facts = facts.snapshot() if isinstance(facts, NodeFacts) else facts
         counters = {}
         if pool_stats is not None:
@@ -267,6 +272,8 @@ class DiagnosticsMonitor:
         counters['errors'] = facts.errors
         counters['dropped_prompts'] = facts.dropped_prompts
         counters['callback_faults'] = facts.callback_faults
+        if backend_stats is not None:
+            counters['backend_errors'] = backend_stats.errors
         recent = self._recent(now, counters)
         out = []
         if pool_stats is not None:
@@ -274,14 +281,18 @@ class DiagnosticsMonitor:
                                    f'{self.node_name}: kv_block_pool', self.hardware_id))
         out.append(generation_status(facts, recent, f'{self.node_name}: generation',
                                      self.hardware_id))
+        if backend_stats is not None:
+            level, message = backend_level(backend_stats, recent.get('backend_errors', 0))
+            out.append(_status(level, f'{self.node_name}: backend', message, self.hardware_id,
+                               backend_values(backend_stats)))
         power = self.power_reader() if self.power_reader is not None else None
         if power is not None and power.is_jetson:
             out.append(platform_status(power, f'{self.node_name}: platform', self.hardware_id))
         return out
 
-    def update(self, now, pool_stats, facts, force=False):
+    def update(self, now, pool_stats, facts, force=False, backend_stats=None):
         """Return the statuses to publish now (periodic, level change or ``force``), else None."""
-        statuses = self.statuses(now, pool_stats, facts)
+        statuses = self.statuses(now, pool_stats, facts, backend_stats)
         levels = tuple((s.name, level_of(s)) for s in statuses)
         due = self._next_periodic is None or now >= self._next_periodic
         if not (due or force or levels != self._levels):

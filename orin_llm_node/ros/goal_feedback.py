@@ -87,7 +87,9 @@ class GoalFeedback:
 
     def finished(self, info, result):
         """The request was answered or failed: ``info`` (AnswerInfo), the engine's result."""
-        self._end((info, result), None if result is None else len(result.token_ids))
+        # A server may not return token ids (RemoteResult.token_ids None): no count then.
+        ids = None if result is None else result.token_ids
+        self._end((info, result), None if ids is None else len(ids))
 
     def refused(self, reason, cameras=None):
         """The request is not answered (refused, dropped, drained, withdrawn): why."""

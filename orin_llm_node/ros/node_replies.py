@@ -93,10 +93,12 @@ class NodeReplies:
         """Set facts (NodeFacts)."""
         self.node_facts.update(**values)
 
-    def diagnostics(self, pool_stats=None, queue_depth=None, force=False, only_if_due=False):
+    def diagnostics(self, pool_stats=None, queue_depth=None, force=False, only_if_due=False,
+                    backend_stats=None):
         """Publish /diagnostics if due (or ``force``); the seconds until the next is due.
 
-        ``pool_stats`` comes from the session only (the engine's thread).
+        ``pool_stats`` (a local engine's) or ``backend_stats`` (a server's) come from the
+        session only (the engine's thread).
         """
         now = time.monotonic()
         if only_if_due and self.monitor.seconds_until_due(now) > 0:
@@ -104,7 +106,8 @@ class NodeReplies:
         if queue_depth is not None:
             self.node_facts.update(queue_depth=queue_depth)
         with self._diag_lock:
-            statuses = self.monitor.update(now, pool_stats, self.node_facts, force=force)
+            statuses = self.monitor.update(now, pool_stats, self.node_facts, force=force,
+                                           backend_stats=backend_stats)
             due_in = self.monitor.seconds_until_due(now)
         if statuses:
             msg = DiagnosticArray()

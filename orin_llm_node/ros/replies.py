@@ -34,8 +34,11 @@ class Replies(Protocol):
     def facts(self, **values):
         """Set facts of the last answer (``last_ttft_ms``, ...; see NodeFacts)."""
 
-    def diagnostics(self, pool_stats, queue_depth, force=False, only_if_due=False):
+    def diagnostics(self, pool_stats, queue_depth, force=False, only_if_due=False,
+                    backend_stats=None):
         """Publish ``/diagnostics`` with the pool's statistics if due (or ``force``).
+
+        A node on a server passes no pool, its ``BackendStats`` as ``backend_stats``.
 
         Returns the seconds until the next periodic publication is due.
         """

@@ -20,7 +20,13 @@ import traceback
 
 from orin_llm_node import parameters
 from orin_llm_node.refusals import REASON_CHARS, preview
-from orin_llm_node.ros import detections, model_loading, native_heap, tool_requests
+from orin_llm_node.ros import (
+    backend_loading,
+    detections,
+    model_loading,
+    native_heap,
+    tool_requests,
+)
 from orin_llm_node.ros.cameras import camera_prompt
 from orin_llm_node.ros.cameras.camera_report import camera_report
 from orin_llm_node.ros.cameras.frame_ring import FrameSizer
@@ -55,6 +61,13 @@ class EngineFacts:
                    backend_fallback_reason=engine.backend_fallback_reason or '',
                    frame_sizer=FrameSizer.of(engine.prompts))
 
+    @classmethod
+    def remote(cls, backend):
+        """The facts of a server's backend: none of the engine's, its image sizing."""
+        return cls(device='', dtype='', weight_format='', weight_bytes=0, cuda_graph=False,
+                   attention_backend='', backend_fallback_reason='',
+                   frame_sizer=FrameSizer(backend.image_processor))
+
     def diagnostics(self):
         """The facts the ``generation`` status reports (NodeFacts field names)."""
         return {name: getattr(self, name) for name in (
@@ -75,6 +88,7 @@ class Session:
         self.settings = settings
         self.should_stop = should_stop
         self._engine = None
+        self._local = True              # the engine is the local one (not a server's backend)
         self._conv = None
         self._conv_system_prompt = None
         self._cond = threading.Condition()
@@ -188,7 +202,7 @@ class Session:
         vocabulary); nothing is checked before a load.
         """
         engine = self._engine
-        if engine is not None:
+        if engine is not None and self._local:    # a server judges them as it answers
             parameters.check_loaded(engine, values, names)
 
     def stop(self, timeout_s):
@@ -266,8 +280,11 @@ class Session:
 
     def _diagnostics(self, force=False, only_if_due=False):
         if self._engine is not None:
+            stats = self._engine.stats()
+            remote = {} if self._local else {'backend_stats': stats}
             self._diagnostics_due_in = self.replies.diagnostics(
-                self._engine.stats(), self.queue_depth(), force, only_if_due)
+                stats if self._local else None, self.queue_depth(), force, only_if_due,
+                **remote)
 
     def _run_command(self, command):
         if command == 'unload':
@@ -279,15 +296,14 @@ class Session:
         from orin_llm_node.models import LoadInterrupted
         values = self.settings()
         try:
-            engine = model_loading.load_engine(values, self.replies.logger,
-                                               should_stop=self._stopping)
-            parameters.check_loaded(engine, values)
+            engine = backend_loading.load(values, self.replies.logger,
+                                          should_stop=self._stopping)
         except LoadInterrupted as exc:
             return False, str(exc)
         except Exception as exc:  # noqa: BLE001 - any load failure is one fatal line
             return False, ' '.join(str(exc).split()) or type(exc).__name__
-        self._engine = engine
-        return True, EngineFacts.of(engine)
+        self._engine, self._local = engine, backend_loading.is_local(values)
+        return True, EngineFacts.of(engine) if self._local else EngineFacts.remote(engine)
 
     def _report_failure(self, request, text):
         if request is None:
@@ -381,11 +397,14 @@ class Session:
         if self._stopping():
             return                      # shutting down (Ctrl-C): nobody to tell
         finish = result.finish_reason
-        replies.facts(last_finish_reason=finish, last_ttft_ms=1000.0 * result.ttft_s,
-                      last_vision_ms=1000.0 * result.vision_s,
+        # A server's result leaves unknown what it does not report (None): said as n/a.
+        replies.facts(last_finish_reason=finish, last_ttft_ms=_ms(result.ttft_s),
+                      last_vision_ms=_ms(result.vision_s),
                       last_decode_tok_s=result.decode_tok_s)
         info = AnswerInfo.answered(request, result, camera_report(request),
-                                   self._engine.weight_format, found)
+                                   self._engine.weight_format, found,
+                                   backend=values['backend'],
+                                   model=getattr(result, 'model', None))
         replies.info(info)
         if per_camera:
             replies.detections(per_camera)
@@ -401,9 +420,11 @@ class Session:
                           f'{request.request_id}): {result.error}')
             return
         replies.answer(result.text)
+        count = '?' if result.token_ids is None else len(result.token_ids)
+        cached = '?' if result.cached_tokens is None else result.cached_tokens
         summary = (
-            f'{what} -> {len(result.token_ids)} tokens in {elapsed:.2f} s (finish={finish}, '
-            f'ttft {1000 * result.ttft_s:.0f} ms, {result.cached_tokens} cached prompt tokens'
+            f'{what} -> {count} tokens in {elapsed:.2f} s (finish={finish}, '
+            f'ttft {1000 * result.ttft_s:.0f} ms, {cached} cached prompt tokens'
             + (f', {result.dropped_turns} old turn(s) dropped' if result.dropped_turns else '')
             + ')')
         # rclpy loggers insist on one severity per call site: two calls, not one variable.
@@ -419,3 +440,7 @@ def _tell_positions(waiting):
     for ahead, request in enumerate(waiting):
         if request.listener is not None:
             request.listener.queued(ahead)
+
+
+def _ms(seconds):
+    return None if seconds is None else 1000.0 * seconds
