@@ -292,10 +292,16 @@ def test_a_clip_longer_than_the_context_is_refused(cams):
     probe = cams.probe
     assert all(r.successful for r in probe.set_params(video_window_s=BUFFER_S))
     try:
-        # A full window of frames of its own: what earlier tests left in the rings may be
-        # older than the window by now (the test must not depend on their order or speed).
-        cams.stream(BUFFER_S + 1.0, 10.0, frames={name: scene(40 + i, 480, 640)
-                                       for i, name in enumerate(CAMERAS)})
+        # Full rings of its own: what earlier tests left in the rings may be older than the
+        # window by now, and on a loaded machine a fixed streaming time may fill them only
+        # partly (the test must not depend on either).
+        frames = {name: scene(40 + i, 480, 640) for i, name in enumerate(CAMERAS)}
+        capacity = int(np.ceil(VIDEO_FPS * BUFFER_S)) * len(CAMERAS)
+        cams.stream(BUFFER_S + 1.0, 10.0, frames=frames)
+        deadline = time.monotonic() + 60.0
+        while int(probe.generation()[2]['video_buffer_frames']) < capacity:
+            assert time.monotonic() < deadline, probe.generation()[2]
+            cams.stream(1.0, 10.0, frames=frames)
         info = probe.ask_info('Describe the last seconds.')
     finally:
         probe.set_params(video_window_s=0.0)
