@@ -171,6 +171,12 @@ def main(argv=None):
                                     enable_cuda_graph=False, block_order_seed=1,
                                     quantization=args.quantization))
     print(f'weights: {engine.weight_format}, {engine.weight_bytes} bytes', flush=True)
+    added = {t['content'] for t in json.loads((args.model / 'tokenizer.json').read_text())[
+        'added_tokens']}
+    if '<tool_call>' not in added:  # the engine refuses tools= on such a checkpoint
+        print('no <tool_call> token: skipping', ', '.join(t for t in args.types
+                                                          if t in WITH_TOOLS), flush=True)
+        args.types = [t for t in args.types if t not in WITH_TOOLS]
     ref = None if args.no_reference else Reference(args.model)
     summary = {}
     t_all = time.time()

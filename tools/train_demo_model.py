@@ -6,7 +6,7 @@ Never run by CI. A seeded CPU run (defaults: 400 vision warm-up steps, then 880 
 see the README for the measured time) that writes a complete Hugging Face checkpoint directory
 (default ``orin_llm_node/demo_model/``):
 
-* a byte-level BPE tokenizer trained on the question/answer corpus of
+* a byte-level BPE tokenizer (from scratch) trained on the question/answer corpus of
   ``orin_llm_node.testing.shapes`` and the chat template's tools header (Qwen special and tool
   tokens appended, so answers are 2 tokens plus ``<|im_end|>``), the Qwen3-VL chat template, the
   processor config (every image resized to about 160x160 pixels: 16-30 image tokens), the
@@ -19,10 +19,12 @@ see the README for the measured time) that writes a complete Hugging Face checkp
 
 The conversations (``shapes.random_conversation``) ask colours, shapes and counts, where the
 shape is (its box, as Qwen3-VL's grounding answers) and, in the conversations that declare the
-``point_at`` tool (``--tools-share``), to point at it (a call) and what to say to the tool's
-result. ``--init-from DIR`` starts from an earlier checkpoint instead of random weights: every
-tensor of the same name and shape, and the embedding row of every token the two tokenizers
-share, by its text (a fine-tune that keeps what the earlier model learnt).
+``point_at`` tool (``--tools-share`` of the batches), to point at it (a call) and what to say
+to the tool's result. ``--init-from DIR`` fine-tunes an earlier checkpoint instead of training
+from random weights: its tokenizer is kept (the tool tokens appended where it lacks them, so
+every earlier token keeps its id), and so is every tensor of the same name and shape, and the
+embedding row of every token the two tokenizers share; ``--freeze-vision`` then trains the
+language model alone, on what the earlier vision tower already sees.
 
 Training inputs are built exactly as inference builds them: the checkpoint's chat template
 rendered over the whole conversation (history answers followed by ``<|im_end|>\n``), each
@@ -30,7 +32,7 @@ rendered over the whole conversation (history answers followed by ``<|im_end|>\n
 ``Qwen2VLImageProcessorPil`` loaded from the checkpoint directory.
 
     .venv/bin/python tools/train_demo_model.py [--out DIR] [--steps N] [--vision-steps N]
-        [--init-from DIR] [--tools-share P]
+        [--init-from DIR] [--freeze-vision] [--tools-share P] [--workers N] [--device D]
 """
 
 import argparse
