@@ -2,19 +2,29 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""Train the embedded demo checkpoint: a tiny Qwen3-VL that answers questions about shapes.
 
-Never run by CI. A seeded CPU run on 2 threads (defaults: 400 vision warm-up steps, then 880
-joint steps; see the README for the measured time) that writes a complete Hugging Face
-checkpoint directory (default ``orin_llm_node/demo_model/``):
+Never run by CI. A seeded CPU run (defaults: 400 vision warm-up steps, then 880 joint steps;
+see the README for the measured time) that writes a complete Hugging Face checkpoint directory
+(default ``orin_llm_node/demo_model/``):
 
-* a byte-level BPE tokenizer trained on the question/answer corpus of
-  ``orin_llm_node.testing.shapes`` (Qwen special tokens appended, so answers are 2 tokens plus
-  ``<|im_end|>``), the Qwen3-VL chat template, the processor config (every image resized to
-  about 160x160 pixels: 16-30 image tokens), the generation config;
+* a byte-level BPE tokenizer (from scratch) trained on the question/answer corpus of
+  ``orin_llm_node.testing.shapes`` and the chat template's tools header (Qwen special and tool
+  tokens appended, so answers are 2 tokens plus ``<|im_end|>``), the Qwen3-VL chat template, the
+  processor config (every image resized to about 160x160 pixels: 16-30 image tokens), the
+  generation config;
 * ``model.safetensors``: transformers' ``Qwen3VLForConditionalGeneration`` built from our
   ``config.json`` and trained with AdamW on the answer tokens, plus an auxiliary per-image-token
   loss on the vision tower (`cell_targets`; its head is thrown away, the checkpoint is a plain
   Qwen3-VL). The vision tower first trains alone on that loss (``--vision-steps``): shapes at
   random positions, sizes and backgrounds are what a from-scratch ViT learns slowest.
+
+The conversations (``shapes.random_conversation``) ask colours, shapes and counts, where the
+shape is (its box, as Qwen3-VL's grounding answers) and, in the conversations that declare the
+``point_at`` tool (``--tools-share`` of the batches), to point at it (a call) and what to say
+to the tool's result. ``--init-from DIR`` fine-tunes an earlier checkpoint instead of training
+from random weights: its tokenizer is kept (the tool tokens appended where it lacks them, so
+every earlier token keeps its id), and so is every tensor of the same name and shape, and the
+embedding row of every token the two tokenizers share; ``--freeze-vision`` then trains the
+language model alone, on what the earlier vision tower already sees.
 
 Training inputs are built exactly as inference builds them: the checkpoint's chat template
 rendered over the whole conversation (history answers followed by ``<|im_end|>\n``), each
@@ -22,11 +32,14 @@ rendered over the whole conversation (history answers followed by ``<|im_end|>\n
 ``Qwen2VLImageProcessorPil`` loaded from the checkpoint directory.
 
     .venv/bin/python tools/train_demo_model.py [--out DIR] [--steps N] [--vision-steps N]
+        [--init-from DIR] [--freeze-vision] [--tools-share P] [--workers N] [--device D]
 """
 
 import argparse
+import collections
 import json
 import math
+import multiprocessing
 from pathlib import Path
 import shutil
 import sys
@@ -40,8 +53,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from orin_llm_node import package_files  # noqa: E402
+from orin_llm_node.processing.chat import ChatTemplate  # noqa: E402
 from orin_llm_node.testing import shapes  # noqa: E402
 from orin_llm_node.testing.tiny_checkpoint import (  # noqa: E402
+    TOOL_TOKENS,
     build_config,
     tensor_shapes,
     train_tokenizer,
@@ -68,10 +84,38 @@ VISION_CONFIG = {
 }
 
 
-def write_checkpoint_files(out: Path) -> dict:
-    """Write everything but the weights into `out`; return the config dict."""
+def tools_header() -> str:
+    """The system turn the chat template writes for ``shapes.TOOLS`` (tokenizer corpus)."""
+    template = (package_files.DEMO_MODEL_DIR / 'chat_template.jinja').read_text()
+    text = ChatTemplate(template).render([{'role': 'user', 'content': 'x'}], tools=shapes.TOOLS)
+    return text[:text.index('<|im_start|>user')]
+
+
+def earlier_tokenizer(old: Path):
+    """The tokenizer of the checkpoint in `old`, with the tool tokens appended where missing.
+
+    A fine-tune keeps the earlier token ids: a retrained tokenizer would split the answers the
+    model already knows into other tokens, and it would have to learn them again.
+    """
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(old / 'tokenizer.json'))
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS
+                          if tokenizer.token_to_id(t) is None])
+    return tokenizer
+
+
+def write_checkpoint_files(out: Path, init_from: Path | None = None) -> dict:
+    """Write everything but the weights into `out`; return the config dict.
+
+    `init_from`: an earlier checkpoint whose tokenizer is kept (`earlier_tokenizer`).
+    """
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(shapes.corpus(), vocab_size=512)
+    if init_from is not None:
+        tokenizer = earlier_tokenizer(init_from)
+    else:
+        # The tools header is most of a tools conversation: repeated, its words are merged.
+        tokenizer = train_tokenizer(shapes.corpus() + [tools_header()] * 20, vocab_size=512)
     special_ids = write_tokenizer_files(out, tokenizer)
     cfg = build_config(special_ids, tokenizer.get_vocab_size(), TEXT_CONFIG, VISION_CONFIG)
     (out / 'config.json').write_text(json.dumps(cfg, indent=2))
@@ -96,10 +140,10 @@ class Encoder:
         self.im_end = self.tok.token_to_id('<|im_end|>')
         self.im_start = self.tok.token_to_id('<|im_start|>')
 
-    def render(self, messages, add_generation_prompt):
+    def render(self, messages, add_generation_prompt, tools=None):
         """Render HF-style messages with the checkpoint's chat template."""
         return self.hf_tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def encode_text(self, text):
         """Token ids of `text` (special tokens recognised, nothing added)."""
@@ -111,11 +155,16 @@ class Encoder:
         return out['pixel_values'], out['image_grid_thw']
 
     def messages(self, turns, system=None, answers=None):
-        """HF messages for `turns`; answers of all but the last turn come from `answers`."""
+        """HF messages for `turns`; answers of all but the last turn come from `answers`.
+
+        A ``pointed`` turn is the tool's result (a ``tool`` message); a call is the answer's
+        text as the template writes it.
+        """
         msgs = [{'role': 'system', 'content': system}] if system else []
         for i, t in enumerate(turns):
             content = [{'type': 'image'}] if t.image is not None else []
-            msgs.append({'role': 'user',
+            role = 'tool' if t.kind == 'pointed' else 'user'
+            msgs.append({'role': role,
                          'content': content + [{'type': 'text', 'text': t.question}]})
             if i < len(turns) - 1:
                 msgs.append({'role': 'assistant',
@@ -133,14 +182,14 @@ class Encoder:
             out_labels += [labels[j] if labels is not None else -100] * n
         return out_ids, out_labels
 
-    def training_example(self, turns, system=None):
+    def training_example(self, turns, system=None, tools=None):
         """(input_ids, labels, pixels, grids, aux): labels are the answers' tokens and <|im_end|>.
 
         `aux` holds the per-image-token targets of the auxiliary vision loss (see `cell_targets`).
         """
         full = self.messages(turns, system) + [{'role': 'assistant',
                                                 'content': turns[-1].answer}]
-        ids = self.encode_text(self.render(full, add_generation_prompt=False))
+        ids = self.encode_text(self.render(full, add_generation_prompt=False, tools=tools))
         labels = [-100] * len(ids)
         # Each answer follows "<|im_start|>assistant\n" and ends with its <|im_end|>.
         head = [self.im_start] + self.encode_text('assistant\n')
@@ -244,9 +293,10 @@ def aux_loss_and_accuracy(aux_head, tokens, targets):
 
 
 # Training leans on counting several shapes, the slowest skill (colour is learnt first, shapes
-# next; counting one shape is trivial): a new image is asked about its colour, shape or count
-# with TRAIN_MIX, and a counted image holds 1, 2 or 3 shapes with TRAIN_COUNT_SHAPES.
-TRAIN_MIX = (0.15, 0.4, 0.45)
+# next; counting one shape is trivial) and on boxes (many digits): a new image is asked each
+# kind of question with TRAIN_MIX (``point`` only where the tools are declared), and a counted
+# image holds 1, 2 or 3 shapes with TRAIN_COUNT_SHAPES.
+TRAIN_MIX = {'colour': 0.1, 'shape': 0.25, 'count': 0.25, 'where': 0.25, 'point': 0.15}
 TRAIN_COUNT_SHAPES = (0.2, 0.4, 0.4)
 
 
@@ -256,19 +306,58 @@ def vision_batch(enc, rng, size):
     return pixels, grids, torch.from_numpy(targets)
 
 
-def random_example(enc, rng):
-    """One random training conversation (up to 4 turns: several questions per image), encoded."""
+def random_example(enc, rng, tools):
+    """One random training conversation (up to 4 turns: several questions per image), encoded.
+
+    `tools`: the conversation declares ``shapes.TOOLS`` (and may ask to point).
+    """
     turns = shapes.random_conversation(rng, max_turns=4, mix=TRAIN_MIX,
-                                       count_shapes=TRAIN_COUNT_SHAPES)
+                                       count_shapes=TRAIN_COUNT_SHAPES, tools=tools)
     system = None
     if rng.random() < 0.3:
         system = str(rng.choice(shapes.SYSTEM_PROMPTS))
-    return enc.training_example(turns, system)
+    return enc.training_example(turns, system, shapes.TOOLS if tools else None)
+
+
+# Training batches are made in worker processes (``--workers``), batch `step` from its own
+# generator seeded by (seed, step): the same data whatever the number of workers.
+_worker_encoder = None
+
+
+def _init_worker(ckpt: Path):
+    global _worker_encoder
+    torch.set_num_threads(1)
+    _worker_encoder = Encoder(ckpt)
+
+
+def _make_batch(job):
+    seed, step, size, tools_share = job
+    enc = _worker_encoder
+    rng = np.random.default_rng([seed, step])
+    # A whole batch declares the tools or none does: the tools' system turn is several times
+    # longer than a conversation, and a batch is padded to its longest example.
+    tools = rng.random() < tools_share
+    return collate([random_example(enc, rng, tools) for _ in range(size)],
+                   enc.tok.token_to_id('<|endoftext|>'), enc.image_id)
+
+
+def training_batches(ckpt: Path, args):
+    """The joint run's batches in step order, made ahead by ``args.workers`` processes."""
+    ctx = multiprocessing.get_context('spawn')  # no fork of a process that holds CUDA
+    with ctx.Pool(args.workers, _init_worker, (ckpt,)) as pool:
+        ahead = collections.deque()
+        for step in range(args.steps):
+            job = (args.seed, step, args.batch, args.tools_share)
+            ahead.append(pool.apply_async(_make_batch, (job,)))
+            if len(ahead) > 2 * args.workers:  # bounded: batches hold whole images
+                yield ahead.popleft().get()
+        while ahead:
+            yield ahead.popleft().get()
 
 
 def save_weights(model, cfg, out: Path):
     """Save the state dict under the checkpoint tensor names (fp32 safetensors)."""
-    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     if cfg['tie_word_embeddings']:
         state.pop('lm_head.weight', None)
     expected = tensor_shapes(cfg)
@@ -281,33 +370,46 @@ def save_weights(model, cfg, out: Path):
 
 
 @torch.no_grad()
-def greedy_answer(model, enc, turns, system=None, answers=None, max_new_tokens=8):
+def greedy_answer(model, enc, turns, system=None, answers=None, max_new_tokens=8, tools=None):
     """Greedy answer of a transformers model to the last turn: (text, prompt token ids).
 
     History answers come from `answers`, or from `turns` when None (see `Encoder.messages`).
     """
     msgs = enc.messages(turns, system, answers)
-    ids = enc.encode_text(enc.render(msgs, add_generation_prompt=True))
+    ids = enc.encode_text(enc.render(msgs, add_generation_prompt=True, tools=tools))
     images = [t.image for t in turns if t.image is not None]
     pixels, grids = enc.images(images) if images else (None, None)
     ids, _ = enc.expand(ids, grids if grids is not None else [])
-    x = torch.tensor([ids])
+    device = next(model.parameters()).device
+    x = torch.tensor([ids], device=device)
     kwargs = {'mm_token_type_ids': (x == enc.image_id).long()}
     if pixels is not None:
-        kwargs.update(pixel_values=pixels, image_grid_thw=grids)
+        kwargs.update(pixel_values=pixels.to(device), image_grid_thw=grids.to(device))
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                          do_sample=False, **kwargs)
     return enc.tok.decode(out[0, x.shape[1]:].tolist(), skip_special_tokens=True), ids
 
 
 def quick_eval(model, enc, seed, per_kind=40):
-    """Accuracy of single-turn colour/shape/count questions and 2-turn follow-ups."""
+    """Accuracy of single-turn colour/shape/count/point questions and 2-turn follow-ups.
+
+    ``where``: the box answer is right within 50 of 1000 on every coordinate.
+    """
     rng = np.random.default_rng(seed)
     model.eval()
     acc = {}
-    for kind in ('colour', 'shape', 'count', 'follow_up'):
+    for kind in ('colour', 'shape', 'count', 'follow_up', 'point', 'where'):
         ok = 0
         for _ in range(per_kind):
+            if kind in ('point', 'where'):
+                scene = shapes.random_scene(rng, num_shapes=1)
+                turns = [shapes.Turn(shapes.QUESTIONS[kind][0], scene,
+                                     shapes.answer(kind, scene), kind)]
+                text = greedy_answer(model, enc, turns, max_new_tokens=72,
+                                     tools=shapes.TOOLS if kind == 'point' else None)[0]
+                ok += box_close(text, turns[-1].answer) if kind == 'where' else (
+                    text == turns[-1].answer)
+                continue
             if kind == 'follow_up':
                 scene = shapes.random_scene(rng, num_shapes=1)
                 first, second = ('shape', 'colour') if rng.random() < 0.5 else ('colour', 'shape')
@@ -325,6 +427,40 @@ def quick_eval(model, enc, seed, per_kind=40):
     return acc
 
 
+def box_close(text, expected, within=50):
+    """Whether a box answer parses and each coordinate is within `within` of the expected."""
+    try:
+        box = json.loads(text)[0]['bbox_2d']
+    except (ValueError, LookupError, TypeError):
+        return False
+    want = json.loads(expected)[0]['bbox_2d']
+    return len(box) == 4 and all(abs(a - b) <= within for a, b in zip(box, want, strict=True))
+
+
+def init_from(model, tokenizer_json: Path, old: Path):
+    """Copy an earlier checkpoint's weights into `model` (see the module docstring)."""
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    weights = load_file(str(old / 'model.safetensors'))
+    old_vocab = Tokenizer.from_file(str(old / 'tokenizer.json')).get_vocab(with_added_tokens=True)
+    new_vocab = Tokenizer.from_file(str(tokenizer_json)).get_vocab(with_added_tokens=True)
+    state = model.state_dict()
+    copied, rows = 0, 0
+    with torch.no_grad():
+        for name, value in weights.items():
+            if name in state and state[name].shape == value.shape:
+                state[name].copy_(value)
+                copied += 1
+            elif name.endswith('embed_tokens.weight'):
+                for token, i in new_vocab.items():
+                    if token in old_vocab:
+                        state[name][i] = value[old_vocab[token]]
+                        rows += 1
+    print(f'init from {old}: {copied} tensors, {rows} of {len(new_vocab)} embedding rows',
+          flush=True)
+
+
 def vision_warmup(model, aux_head, merged, enc, rng, args):
     """Train the vision tower alone on the auxiliary loss (cheap: no decoder, no text)."""
     visual = model.model.visual
@@ -336,7 +472,8 @@ def vision_warmup(model, aux_head, merged, enc, rng, args):
     start = time.time()
     running = None
     for step in range(args.vision_steps):
-        pixels, grids, targets = vision_batch(enc, rng, args.vision_batch)
+        pixels, grids, targets = (t.to(args.device)
+                                  for t in vision_batch(enc, rng, args.vision_batch))
         merged.clear()
         visual(pixels, grid_thw=grids)
         loss, acc = aux_loss_and_accuracy(aux_head, merged['tokens'], targets)
@@ -360,11 +497,24 @@ def main(argv=None):
     ap.add_argument('--seed', type=int, default=0)
     ap.add_argument('--threads', type=int, default=2)
     ap.add_argument('--eval-every', type=int, default=500)
+    ap.add_argument('--final-eval', type=int, default=100,
+                    help='questions per kind of the quick eval of the saved weights (0: none)')
     ap.add_argument('--aux-weight', type=float, default=1.0,
                     help='weight of the auxiliary per-image-token vision loss (0: off)')
     ap.add_argument('--vision-steps', type=int, default=400,
                     help='vision-only warm-up steps on the auxiliary loss before the joint run')
     ap.add_argument('--vision-batch', type=int, default=64)
+    ap.add_argument('--tools-share', type=float, default=0.35,
+                    help='share of the batches whose conversations declare the point_at tool')
+    ap.add_argument('--freeze-vision', action='store_true',
+                    help='train the language model only (a fine-tune that keeps what the vision'
+                         ' tower sees; the auxiliary loss is then off)')
+    ap.add_argument('--workers', type=int, default=1,
+                    help='processes that make the training batches')
+    ap.add_argument('--device', default='cpu',
+                    help='torch device of the training (the data is made on the CPU)')
+    ap.add_argument('--init-from', type=Path,
+                    help='start from this checkpoint (same architecture) instead of random')
     args = ap.parse_args(argv)
 
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
@@ -373,15 +523,21 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     work = Path(tempfile.mkdtemp(prefix='demo_model_'))
-    cfg = write_checkpoint_files(work)
+    cfg = write_checkpoint_files(work, args.init_from)
     enc = Encoder(work)
     model = Qwen3VLForConditionalGeneration(Qwen3VLConfig.from_pretrained(str(work)))
-    model.train()
+    if args.init_from is not None:
+        init_from(model, work / 'tokenizer.json', args.init_from)
+    model.to(args.device).train()
+    if args.freeze_vision:
+        model.model.visual.requires_grad_(False)
+        args.aux_weight = 0.0
     n_params = sum(p.numel() for p in model.parameters())
     print(f'params {n_params / 1e6:.2f} M, vocab {cfg["text_config"]["vocab_size"]}', flush=True)
 
     # The auxiliary head reads the merger's output (the image tokens the decoder sees).
-    aux_head = torch.nn.Linear(cfg['vision_config']['out_hidden_size'], sum(AUX_CLASSES))
+    aux_head = torch.nn.Linear(cfg['vision_config']['out_hidden_size'],
+                               sum(AUX_CLASSES)).to(args.device)
     merged = {}
     model.model.visual.merger.register_forward_hook(
         lambda _m, _i, out: merged.__setitem__('tokens', out))
@@ -390,8 +546,9 @@ def main(argv=None):
     if args.vision_steps:
         vision_warmup(model, aux_head, merged, enc, rng, args)
 
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and 'embed' not in n]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2 or 'embed' in n]
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trained if p.ndim >= 2 and 'embed' not in n]
+    no_decay = [p for n, p in trained if p.ndim < 2 or 'embed' in n]
     opt = torch.optim.AdamW([{'params': decay + [aux_head.weight], 'weight_decay': 0.01},
                              {'params': no_decay + [aux_head.bias], 'weight_decay': 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
@@ -404,17 +561,18 @@ def main(argv=None):
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    pad_id = enc.tok.token_to_id('<|endoftext|>')
     data_s = 0.0
     running = running_aux = None
+    batches = training_batches(work, args)
     for step in range(args.steps):
         t0 = time.time()
-        batch, aux = collate([random_example(enc, rng) for _ in range(args.batch)], pad_id,
-                             enc.image_id)
+        batch, aux = next(batches)
+        batch = {k: v.to(args.device) for k, v in batch.items()}
+        aux = aux.to(args.device)
         data_s += time.time() - t0
         merged.clear()
         loss = model(**batch).loss
-        aux_loss, aux_acc = torch.zeros(()), [float('nan')] * 3
+        aux_loss, aux_acc = torch.zeros((), device=args.device), [float('nan')] * 3
         if 'tokens' in merged and args.aux_weight > 0:
             aux_loss, aux_acc = aux_loss_and_accuracy(aux_head, merged['tokens'], aux)
         opt.zero_grad(set_to_none=True)
@@ -430,16 +588,18 @@ def main(argv=None):
             print(f'step {step:5d} loss {running:.4f} aux {running_aux:.4f} '
                   f'(acc {" ".join(f"{a:.2f}" for a in aux_acc)}) '
                   f'lr {sched.get_last_lr()[0]:.2e} '
-                  f'{el / 60:5.1f} min (data {data_s / max(el, 1e-9):.0%})', flush=True)
+                  f'{el:7.1f} s (data wait {data_s / max(el, 1e-9):.0%})', flush=True)
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
             print('quick eval', quick_eval(model, enc, seed=10_000 + step), flush=True)
+    batches.close()
     train_s = time.time() - start
     print(f'trained {args.steps} steps in {train_s / 60:.1f} min', flush=True)
 
     save_weights(model, cfg, work)
-    check = Qwen3VLForConditionalGeneration.from_pretrained(str(work)).eval()
-    acc = quick_eval(check, enc, seed=999_999, per_kind=100)
-    print('final quick eval (reloaded with from_pretrained):', acc, flush=True)
+    if args.final_eval:
+        check = Qwen3VLForConditionalGeneration.from_pretrained(str(work)).to(args.device).eval()
+        acc = quick_eval(check, enc, seed=999_999, per_kind=args.final_eval)
+        print('final quick eval (reloaded with from_pretrained):', acc, flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
     for f in work.iterdir():

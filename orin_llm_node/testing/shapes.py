@@ -20,21 +20,31 @@ Questions (the contract the demo model is trained on):
   there?") come in a later turn without a new image and refer to the latest image of the
   conversation. A later turn may also bring a new image; questions are then about that one.
 * A conversation with no image at all gets ``NO_IMAGE_ANSWER``.
+* ``where`` ("Where is the shape?", or the grounding prompt of ``detect="the shape"``) about an
+  image with one shape: its box in Qwen3-VL's grounding format, 0-1000 relative to the image,
+  labelled with its colour and kind (``box_answer``).
+* ``point`` ("Point at the shape.") in a conversation that declares ``TOOLS``: a call of
+  ``point_at`` with the shape's colour and kind, as the chat template writes a call; the tool's
+  result (``POINTED``) is then answered ``AFTER_POINTING``.
 
-Answers are one lowercase word and a full stop ("red.", "circle.", "two."); the model ends
-them with ``<|im_end|>``.
+Other answers are one lowercase word and a full stop ("red.", "circle.", "two."); the model
+ends them with ``<|im_end|>``.
 """
 
 from dataclasses import dataclass
+import json
 import math
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from orin_llm_node.processing.grounding import COORDINATE_RANGE, grounding_prompt
+
 __all__ = [
-    'COLOURS', 'COUNT_WORDS', 'FOLLOW_UPS', 'NO_IMAGE_ANSWER', 'QUESTIONS', 'SHAPES',
-    'Scene', 'Shape', 'Turn', 'answer', 'corpus', 'draw_scene', 'random_conversation',
-    'random_scene', 'render_scene', 'shape_index_map', 'simple_scene',
+    'AFTER_POINTING', 'COLOURS', 'COUNT_WORDS', 'FOLLOW_UPS', 'NO_IMAGE_ANSWER', 'POINTED',
+    'QUESTIONS', 'SHAPES', 'TOOLS', 'WHERE_PHRASE', 'Scene', 'Shape', 'Turn', 'answer',
+    'box_answer', 'corpus', 'draw_scene', 'point_answer', 'random_conversation',
+    'random_scene', 'render_scene', 'shape_box', 'shape_index_map', 'simple_scene',
 ]
 
 # Nominal RGB of each colour; every drawn shape jitters each channel by up to COLOUR_JITTER.
@@ -62,15 +72,31 @@ QUESTIONS = {
               'What is the shape?'),
     'count': ('How many shapes are there?', 'How many shapes do you see?',
               'How many shapes are in the image?', 'Count the shapes.'),
+    # The first is what the engine asks for ``detect="the shape"`` (processing/grounding.py).
+    'where': (grounding_prompt('the shape'), 'Where is the shape?', 'Where is it?'),
+    'point': ('Point at the shape.', 'Point to the shape.', 'Can you point at the shape?'),
 }
+WHERE_PHRASE = 'the shape'
+# The one tool of the demo world (OpenAI function shape, as the engine and the template take it).
+TOOLS = [{'type': 'function', 'function': {
+    'name': 'point_at',
+    'description': 'Point the robot arm at a shape.',
+    'parameters': {'type': 'object',
+                   'properties': {'colour': {'type': 'string', 'enum': list(COLOURS)},
+                                  'shape': {'type': 'string', 'enum': list(SHAPES)}},
+                   'required': ['colour', 'shape']},
+}}]
+POINTED = 'ok'  # what the tool answers
+AFTER_POINTING = 'Done.'  # what the model says to that
 FOLLOW_UPS = {
     'colour': ('And what colour is it?', 'And what color is it?', 'What colour is it then?'),
     'shape': ('And what shape is it?', 'And which shape is it?', 'What shape is it then?'),
     'count': ('And how many shapes are there?', 'And how many are there?'),
 }
 NO_IMAGE_ANSWER = 'I see no image.'
-# Question mix on a new image: colour is learnt fastest, shapes and counts need more examples.
-NEW_IMAGE_MIX = (0.2, 0.4, 0.4)
+# Question mix on a new image: colour is learnt fastest, shapes and counts need more examples
+# (``point`` only where the conversation declares TOOLS).
+NEW_IMAGE_MIX = {'colour': 0.15, 'shape': 0.25, 'count': 0.25, 'where': 0.15, 'point': 0.2}
 SYSTEM_PROMPTS = (
     'You are a helpful assistant.',
     'You are a helpful assistant running on a robot. Answer briefly and precisely.',
@@ -246,6 +272,34 @@ def draw_scene(seed: int, num_shapes: int | None = None) -> Scene:
     return random_scene(np.random.default_rng(seed), num_shapes=num_shapes)
 
 
+def shape_box(scene: Scene) -> list[float]:
+    """``[x_min, y_min, x_max, y_max]`` pixels of the scene's one shape (the pixels it covers).
+
+    Continuous coordinates, as ``grounding.box_to_frame`` gives them: the right and bottom
+    edges are those of the last covered pixel.
+    """
+    height, width = scene.image.shape[:2]
+    ys, xs = np.nonzero(shape_index_map(height, width, scene.shapes))
+    return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+
+
+def box_answer(scene: Scene) -> str:
+    """The grounding answer for the scene's one shape: its box 0-1000, its colour and kind."""
+    height, width = scene.image.shape[:2]
+    x1, y1, x2, y2 = shape_box(scene)
+    box = [round(COORDINATE_RANGE * v / side)
+           for v, side in ((x1, width), (y1, height), (x2, width), (y2, height))]
+    shape = scene.shapes[0]
+    return json.dumps([{'bbox_2d': box, 'label': f'{shape.colour} {shape.kind}'}])
+
+
+def point_answer(scene: Scene) -> str:
+    """The ``point_at`` call for the scene's one shape, as the chat template writes a call."""
+    shape = scene.shapes[0]
+    arguments = json.dumps({'colour': shape.colour, 'shape': shape.kind})
+    return f'<tool_call>\n{{"name": "point_at", "arguments": {arguments}}}\n</tool_call>'
+
+
 def answer(kind: str, scene: Scene | None) -> str:
     """The expected answer to a question of `kind` about `scene` (None: no image seen)."""
     if scene is None:
@@ -254,24 +308,35 @@ def answer(kind: str, scene: Scene | None) -> str:
         return COUNT_WORDS[len(scene.shapes) - 1] + '.'
     if len(scene.shapes) != 1:
         raise ValueError(f'{kind} questions are only defined for one shape')
+    if kind == 'where':
+        return box_answer(scene)
+    if kind == 'point':
+        return point_answer(scene)
     return (scene.shapes[0].colour if kind == 'colour' else scene.shapes[0].kind) + '.'
 
 
 def random_conversation(rng: np.random.Generator, max_turns: int = 3,
-                        mix=NEW_IMAGE_MIX, count_shapes=None) -> list[Turn]:
+                        mix=NEW_IMAGE_MIX, count_shapes=None, tools: bool = False) -> list[Turn]:
     """A random training/eval conversation: questions, new images, follow-ups.
 
     The first turn carries an image (rarely none); later turns either ask a follow-up about the
-    latest image or bring a new image with a fresh question. `mix` gives the probabilities of a
-    colour, shape and count question on a new image; `count_shapes` those of 1, 2 and 3 shapes
-    in the image of a count question (None: uniform).
+    latest image or bring a new image with a fresh question. `mix` gives the probabilities of
+    each kind of question on a new image (``point`` only with `tools`: the conversation
+    declares ``TOOLS``; its call is then mostly followed by the tool's result, a turn of kind
+    ``pointed``); `count_shapes` those of 1, 2 and 3 shapes in the image of a count question
+    (None: uniform).
     """
     turns: list[Turn] = []
     scene = None
+    kinds = [k for k in mix if tools or k != 'point']
+    weights = np.array([mix[k] for k in kinds])
     for i in range(int(rng.integers(1, max_turns + 1))):
+        if turns and turns[-1].kind == 'point' and rng.random() < 0.8:
+            turns.append(Turn(POINTED, None, AFTER_POINTING, 'pointed'))
+            continue
         new_image = (i == 0 and rng.random() > 0.03) or (i > 0 and rng.random() < 0.3)
         if new_image:
-            kind = str(rng.choice(['colour', 'shape', 'count'], p=mix))
+            kind = str(rng.choice(kinds, p=weights / weights.sum()))
             if kind != 'count':
                 scene = random_scene(rng, num_shapes=1)
             elif count_shapes is None:
@@ -280,9 +345,9 @@ def random_conversation(rng: np.random.Generator, max_turns: int = 3,
                 scene = random_scene(rng, num_shapes=int(rng.choice([1, 2, 3], p=count_shapes)))
         else:
             allowed = ['count'] if scene is not None and len(scene.shapes) > 1 else [
-                'colour', 'shape', 'count']
+                'colour', 'shape', 'count', *(['point'] if tools and scene is not None else [])]
             kind = str(rng.choice(allowed))
-        if new_image or scene is None:
+        if new_image or scene is None or kind not in FOLLOW_UPS:
             question = str(rng.choice(QUESTIONS[kind]))
         else:
             question = str(rng.choice(FOLLOW_UPS[kind] + QUESTIONS[kind]))
@@ -297,4 +362,7 @@ def corpus() -> list[str]:
     texts += [f'{c}.' for c in COLOURS] + [f'{s}.' for s in SHAPES]
     texts += [f'{n}.' for n in COUNT_WORDS] + [NO_IMAGE_ANSWER]
     texts += list(SYSTEM_PROMPTS) + ['system', 'user', 'assistant', '\n']
+    texts += [q for kind in ('where', 'point') for q in QUESTIONS[kind]]
+    texts += [POINTED, AFTER_POINTING, json.dumps(TOOLS)]
+    texts += [f'{c} {s}' for c in COLOURS for s in SHAPES]
     return texts
