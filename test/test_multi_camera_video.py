@@ -114,6 +114,20 @@ class Cameras:
         probe.spin_until(mine, timeout, f'response/info tagged {tag}')
         return mine()[0]
 
+    def fill_rings(self, rate_hz, frames):
+        """Stream ``frames`` until both video rings are full (as /diagnostics counts them).
+
+        A full window of frames of the test's own: what earlier tests left in the rings may be
+        older than the window by now, and on a loaded machine a fixed streaming time may fill
+        the rings only partly.
+        """
+        capacity = int(np.ceil(VIDEO_FPS * BUFFER_S)) * len(CAMERAS)
+        self.stream(BUFFER_S + 1.0, rate_hz, frames=frames)
+        deadline = time.monotonic() + 60.0
+        while int(self.probe.generation()[2]['video_buffer_frames']) < capacity:
+            assert time.monotonic() < deadline, self.probe.generation()[2]
+            self.stream(1.0, rate_hz, frames=frames)
+
     def stream(self, seconds, rate_hz, names=CAMERAS, offset_ms=10, frames=None):
         """Publish every camera at ``rate_hz`` for ``seconds`` (camera i ``i*offset_ms`` late)."""
         end, k = time.monotonic() + seconds, 0
@@ -271,7 +285,7 @@ def test_a_request_envelope_asks_for_video_s(cams):
 def test_the_video_rings_memory_is_flat_and_in_diagnostics(cams, node, reference):
     probe = cams.probe
     frames = {name: scene(20 + i, 480, 640) for i, name in enumerate(CAMERAS)}
-    cams.stream(BUFFER_S + 1.0, 30.0, frames=frames)
+    cams.fill_rings(30.0, frames)
     _, _, gen = probe.generation()
     full = int(gen['video_buffer_bytes'])
     capacity = int(np.ceil(VIDEO_FPS * BUFFER_S))
@@ -292,16 +306,7 @@ def test_a_clip_longer_than_the_context_is_refused(cams):
     probe = cams.probe
     assert all(r.successful for r in probe.set_params(video_window_s=BUFFER_S))
     try:
-        # Full rings of its own: what earlier tests left in the rings may be older than the
-        # window by now, and on a loaded machine a fixed streaming time may fill them only
-        # partly (the test must not depend on either).
-        frames = {name: scene(40 + i, 480, 640) for i, name in enumerate(CAMERAS)}
-        capacity = int(np.ceil(VIDEO_FPS * BUFFER_S)) * len(CAMERAS)
-        cams.stream(BUFFER_S + 1.0, 10.0, frames=frames)
-        deadline = time.monotonic() + 60.0
-        while int(probe.generation()[2]['video_buffer_frames']) < capacity:
-            assert time.monotonic() < deadline, probe.generation()[2]
-            cams.stream(1.0, 10.0, frames=frames)
+        cams.fill_rings(10.0, {name: scene(40 + i, 480, 640) for i, name in enumerate(CAMERAS)})
         info = probe.ask_info('Describe the last seconds.')
     finally:
         probe.set_params(video_window_s=0.0)
