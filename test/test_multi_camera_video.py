@@ -249,7 +249,10 @@ def test_a_video_request_is_answered_with_the_right_span(cams, reference):
         assert len(stamps) == clip['frames'] and 3 <= clip['frames'] <= 5, clip
         assert stamps == sorted(stamps) and stamps[-1] <= asked
         assert stamps[-1] - stamps[0] < window * 1e9
-        assert np.diff(stamps).min() >= 0.4e9, 'kept at video_fps'
+        # Kept on the 2 fps grid, not every 30 Hz frame: a frame kept late in its slot (the
+        # publisher delayed on a loaded machine) is followed by the next slot's, so the least
+        # gap is below 0.5 s by that delay (0.32 s seen); 30 Hz frames would be 0.033 s apart.
+        assert np.diff(stamps).min() >= 0.25e9, 'kept at video_fps'
         assert ns(clip['first_stamp']) == stamps[0] and ns(clip['last_stamp']) == stamps[-1]
         assert clip['span_s'] == pytest.approx((stamps[-1] - stamps[0]) / 1e9)
         starts.append(stamps[0])
