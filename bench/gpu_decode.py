@@ -101,7 +101,8 @@ def init_random_(model: torch.nn.Module, seed: int = 0) -> None:
 _MODELS = {}
 
 
-def random_load_model(model_dir, dtype=torch.float32, device='cpu', quantization='none'):
+def random_load_model(model_dir, dtype=torch.float32, device='cpu', quantization='none',
+                      should_stop=None):
     """Stands in for ``loader.load_model``: same model, random weights, built on the GPU.
 
     With ``quantization`` the decoder projections are quantized layers filled by rounding
