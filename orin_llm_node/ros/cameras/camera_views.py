@@ -75,3 +75,24 @@ class Request:
     def image(self):
         """The first camera's frame (the only one in the default one-camera set-up)."""
         return self.views[0].image if self.views else None
+
+
+def missing_reason(image, refused, now_ns, max_age_s):
+    """Why a camera's kept frame ``image`` is not paired ('' = it is).
+
+    ``refused``: why the last frame received after it was refused ('' = none was).
+    """
+    if image is None:
+        return f'image rejected: {refused}' if refused else 'no image received yet'
+    stale = stale_reason(image.stamp_ns, now_ns, max_age_s)
+    if stale and refused:
+        return f'{stale}; the last frame received was rejected: {refused}'
+    return stale
+
+
+def stale_reason(stamp_ns, now_ns, max_age_s, what='newest image'):
+    """Why a frame stamped ``stamp_ns`` is too old to pair at ``now_ns`` ('' = it is not)."""
+    age = (now_ns - stamp_ns) / 1e9
+    if age > max_age_s:
+        return f'{what} is {age:.1f} s old (> image_max_age_s {max_age_s:g} s)'
+    return ''

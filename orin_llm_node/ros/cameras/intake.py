@@ -24,7 +24,13 @@ from orin_llm_node.ros import native_heap
 from orin_llm_node.ros.cameras import ros_image
 from orin_llm_node.ros.cameras.blind_camera import BlindWatch
 from orin_llm_node.ros.cameras.camera_sync import ApproximateSync
-from orin_llm_node.ros.cameras.camera_views import FRAME_ID_CHARS, CameraView, PendingImage
+from orin_llm_node.ros.cameras.camera_views import (
+    FRAME_ID_CHARS,
+    CameraView,
+    PendingImage,
+    missing_reason,
+    stale_reason,
+)
 from orin_llm_node.ros.cameras.frame_ring import FrameRing, resize_for_model
 from orin_llm_node.ros.contract import image_qos
 
@@ -149,37 +155,15 @@ class ImageIntake:
             refused = [camera.refused for camera in self.cameras]
             synced = self._synced
         if len(self.cameras) > 1 and synced is not None and not any(
-                self._stale(image, now_ns, max_age_s) for _, image in synced):
+                stale_reason(image.stamp_ns, now_ns, max_age_s) for _, image in synced):
             frames, synchronised = [image for _, image in synced], True
         else:
             frames, synchronised = newest, len(self.cameras) == 1
         views = []
         for camera, image, last_refused in zip(self.cameras, frames, refused, strict=True):
-            why = self._missing(image, last_refused, now_ns, max_age_s)
+            why = missing_reason(image, last_refused, now_ns, max_age_s)
             views.append(CameraView(camera.name, image=None if why else image, missing=why))
         return views, synchronised
-
-    @classmethod
-    def _missing(cls, image, refused, now_ns, max_age_s):
-        # Why a camera's kept frame is not paired ('' = it is), naming the refused frame after
-        # it if there was one.
-        if image is None:
-            return f'image rejected: {refused}' if refused else 'no image received yet'
-        stale = cls._stale(image, now_ns, max_age_s)
-        if stale and refused:
-            return f'{stale}; the last frame received was rejected: {refused}'
-        return stale
-
-    @classmethod
-    def _stale(cls, image, now_ns, max_age_s):
-        return cls._stale_ns(image.stamp_ns, now_ns, max_age_s, 'newest image')
-
-    @staticmethod
-    def _stale_ns(stamp_ns, now_ns, max_age_s, what):
-        age = (now_ns - stamp_ns) / 1e9
-        if age > max_age_s:
-            return f'{what} is {age:.1f} s old (> image_max_age_s {max_age_s:g} s)'
-        return ''
 
     def _clips(self, now_ns, max_age_s, video_s):
         # "The last video_s seconds" end at the newest frame any camera kept, so a clip holds
@@ -187,7 +171,7 @@ class ImageIntake:
         # (image_max_age_s), as a single frame must.  Called under the lock.
         ends = [c.ring.newest_stamp for c in self.cameras if len(c.ring)]
         end = max(ends, default=None)
-        stale = end is not None and self._stale_ns(end, now_ns, max_age_s, 'newest kept frame')
+        stale = end is not None and stale_reason(end, now_ns, max_age_s, 'newest kept frame')
         views = []
         for camera in self.cameras:
             clip = [] if end is None or stale else camera.ring.clip(
