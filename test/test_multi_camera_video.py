@@ -308,9 +308,16 @@ def test_the_video_rings_memory_is_flat_and_in_diagnostics(cams, node, reference
 def test_a_clip_longer_than_the_context_is_refused(cams):
     probe = cams.probe
     assert all(r.successful for r in probe.set_params(video_window_s=BUFFER_S))
+    frames = {name: scene(40 + i, 480, 640) for i, name in enumerate(CAMERAS)}
     try:
-        cams.fill_rings(10.0, {name: scene(40 + i, 480, 640) for i, name in enumerate(CAMERAS)})
-        info = probe.ask_info('Describe the last seconds.')
+        # Five frames per camera in the 3 s window overflow the context for sure; a loaded
+        # machine may keep fewer (frames dropped or decoded late leave gaps on the 2 fps grid),
+        # so the rings are filled again until a request finds five.
+        for _ in range(4):
+            cams.fill_rings(10.0, frames)
+            info = probe.ask_info('Describe the last seconds.')
+            if all(c['video']['frames'] >= 5 for c in info['cameras']):
+                break
     finally:
         probe.set_params(video_window_s=0.0)
     assert [c['video']['frames'] >= 5 for c in info['cameras']] == [True, True], info
