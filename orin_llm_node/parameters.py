@@ -11,98 +11,24 @@ parameter is set.  No rclpy (``orin_llm_check`` reads the parameters without it)
 
 from dataclasses import dataclass
 import math
-from pathlib import Path
-import re
 
-from orin_llm_node import bounded_json
+from orin_llm_node.parameter_values import (  # noqa: F401 - MAX_*, camera_topics, ... are ours
+    MAX_CAMERAS,
+    MAX_PROMPT_CHARS,
+    MAX_TOOLS_CHARS,
+    camera_topics,
+    model_path_problem,
+    response_format,
+    response_format_problem,
+    tools_problem,
+    tools_value,
+    topic_names_problem,
+)
 from orin_llm_node.refusals import REASON_CHARS, clip
-
-# Longest prompt, prompt/json message and response_format value taken (characters).
-MAX_PROMPT_CHARS = 100_000
-# Longest tools value taken (characters of JSON): they are rendered into every conversation's
-# system turn, so they cost context and prefill on each new conversation.
-MAX_TOOLS_CHARS = 32_000
-MAX_CAMERAS = 8
-# A relative or absolute ROS topic name made of plain tokens (no substitutions, no '~').
-_TOPIC_NAME = re.compile(r'/?[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*')
 
 
 class ParameterError(ValueError):
     """A parameter value the node cannot run with; ``str(err)`` is one line naming it."""
-
-
-def _model_path_ok(v):
-    if v == '' or (Path(v).expanduser() / 'config.json').is_file():
-        return None
-    return 'must be empty (demo checkpoint) or a checkpoint directory containing config.json'
-
-
-def camera_topics(name):
-    """The topics camera ``name`` is read from: ``NAME`` (Image) and ``NAME/compressed``."""
-    return name, f'{name}/compressed'
-
-
-def _topic_names(names):
-    if not 1 <= len(names) <= MAX_CAMERAS:
-        return f'must name 1 to {MAX_CAMERAS} cameras'
-    bad = [n for n in names if not isinstance(n, str) or not _TOPIC_NAME.fullmatch(n)]
-    if bad:
-        return f'{bad[0]!r} is not a topic name (tokens of letters, digits and _ joined by /)'
-    if len(set(names)) != len(names):
-        return 'names a camera twice'
-    twins = {camera_topics(n)[1]: n for n in names}
-    clash = next((n for n in names if n in twins), None)
-    if clash is not None:
-        return (f'camera {clash!r} is the CompressedImage topic of camera {twins[clash]!r} '
-                '(each camera NAME is also read on NAME/compressed)')
-    return None
-
-
-def _response_format_text(v):
-    # The library compiles the grammar without a vocabulary here (no checkpoint is loaded at
-    # start-up or in orin_llm_check); the loaded engine's own compile: check_loaded.
-    if len(v) > MAX_PROMPT_CHARS:
-        return f'is too long ({len(v)} characters, limit {MAX_PROMPT_CHARS})'
-    from orin_llm_node.engine.structured import check_grammar, check_response_format
-    try:
-        fmt = response_format(v)
-        if fmt is not None and not isinstance(fmt, dict):
-            return 'must be a JSON object'
-        fmt = check_response_format(fmt)
-        if fmt is not None:
-            check_grammar(fmt)
-    except ValueError as exc:
-        return clip(' '.join(str(exc).split()), REASON_CHARS)
-    return None
-
-
-def response_format(text):
-    """The ``response_format`` parameter's JSON text as a dict (empty: None).
-
-    ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
-    """
-    return bounded_json.loads(text) if text else None
-
-
-def _tools_text(v):
-    # Shapes and each tool's schema compiled without a vocabulary, as response_format; the
-    # loaded engine's own check (its tool tokens, the rendered tools): check_loaded.
-    if len(v) > MAX_TOOLS_CHARS:
-        return f'is too long ({len(v)} characters, limit {MAX_TOOLS_CHARS})'
-    from orin_llm_node.engine.tool_calls import check_tool_schemas
-    try:
-        check_tool_schemas(tools_value(v))
-    except ValueError as exc:
-        return clip(' '.join(str(exc).split()), REASON_CHARS)
-    return None
-
-
-def tools_value(text):
-    """The ``tools`` parameter's JSON text as a value (empty: None; ``[]`` also means none).
-
-    ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
-    """
-    return bounded_json.loads(text) if text else None
 
 
 # The largest integer a ROS parameter holds (int64): the open end of an integer range.
@@ -218,7 +144,7 @@ _SEEDS = Range(-1, INT_MAX)
 
 PARAMETERS = (
     Param('model_path', '', 'Qwen3-VL checkpoint directory (Hugging Face format); '
-          'empty = the embedded demo checkpoint', _model_path_ok,
+          'empty = the embedded demo checkpoint', model_path_problem,
           engine=_config('model_path')),
     Param('device', 'auto', 'torch device', constraints='auto | cpu | cuda | cuda:N',
           choices=('auto', 'cpu', 'cuda', 'cuda:N'), engine=_config('device')),
@@ -303,7 +229,7 @@ PARAMETERS = (
           constraints='> 0.0', bounds=Range(0.0, low_open=True, allow_inf=True)),
     Param('image_topics', ['image'], 'camera names: each gets NAME (Image) and NAME/compressed '
           'subscriptions; a prompt pairs with one frame per camera, in this order, each '
-          'introduced by its name (README: "Several cameras")', _topic_names,
+          'introduced by its name (README: "Several cameras")', topic_names_problem,
           constraints=f'1..{MAX_CAMERAS} distinct topic names'),
     Param('camera_sync_s', 0.1, "cameras' header stamps in one set lie within this many seconds "
           "(message_filters' approximate-time policy)", constraints='(0, 10]',
@@ -332,13 +258,13 @@ PARAMETERS = (
     Param('response_format', '', 'JSON object constraining the answers to plain prompts: '
           '{"type": "json_object"}, {"type": "json_schema", "schema": {...}} or '
           '{"type": "regex", "pattern": "..."} (empty = free text); refused unless its grammar '
-          'compiles', _response_format_text, runtime=True,
+          'compiles', response_format_problem, runtime=True,
           constraints=f'empty | JSON object of at most {MAX_PROMPT_CHARS} characters',
           engine=_sampling('response_format', convert=lambda v: response_format(v))),
     Param('tools', '', 'JSON list of tools (OpenAI function definitions) offered to plain '
           'prompts, the model choosing whether to call them (empty = none; README: "Tool calls '
           'and grounding boxes"); refused unless every schema compiles; not with '
-          'response_format', _tools_text, runtime=True,
+          'response_format', tools_problem, runtime=True,
           constraints=f'empty | JSON list of at most {MAX_TOOLS_CHARS} characters',
           engine=_sampling('tools', convert=lambda v: tools_value(v))),
 )

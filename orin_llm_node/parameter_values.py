@@ -1,0 +1,101 @@
+# Copyright 2026 orin_llm_node developers
+# SPDX-License-Identifier: Apache-2.0
+"""The checks of the parameters whose values are more than a type and a range.
+
+Each ``*_problem`` function returns why a value cannot be used (one line), or None; the
+parameter table (parameters.py) names them. No rclpy, no checkpoint: the engine's own checks of
+a loaded checkpoint are ``parameters.check_loaded``.
+"""
+
+from pathlib import Path
+import re
+
+from orin_llm_node import bounded_json
+from orin_llm_node.refusals import REASON_CHARS, clip
+
+# Longest prompt, prompt/json message and response_format value taken (characters).
+MAX_PROMPT_CHARS = 100_000
+# Longest tools value taken (characters of JSON): they are rendered into every conversation's
+# system turn, so they cost context and prefill on each new conversation.
+MAX_TOOLS_CHARS = 32_000
+MAX_CAMERAS = 8
+# A relative or absolute ROS topic name made of plain tokens (no substitutions, no '~').
+_TOPIC_NAME = re.compile(r'/?[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*')
+
+
+def model_path_problem(v):
+    """Why ``model_path`` value ``v`` cannot be loaded (None: it can)."""
+    if v == '' or (Path(v).expanduser() / 'config.json').is_file():
+        return None
+    return 'must be empty (demo checkpoint) or a checkpoint directory containing config.json'
+
+
+def camera_topics(name):
+    """The topics camera ``name`` is read from: ``NAME`` (Image) and ``NAME/compressed``."""
+    return name, f'{name}/compressed'
+
+
+def topic_names_problem(names):
+    """Why ``image_topics`` value ``names`` cannot name the cameras (None: it can)."""
+    if not 1 <= len(names) <= MAX_CAMERAS:
+        return f'must name 1 to {MAX_CAMERAS} cameras'
+    bad = [n for n in names if not isinstance(n, str) or not _TOPIC_NAME.fullmatch(n)]
+    if bad:
+        return f'{bad[0]!r} is not a topic name (tokens of letters, digits and _ joined by /)'
+    if len(set(names)) != len(names):
+        return 'names a camera twice'
+    twins = {camera_topics(n)[1]: n for n in names}
+    clash = next((n for n in names if n in twins), None)
+    if clash is not None:
+        return (f'camera {clash!r} is the CompressedImage topic of camera {twins[clash]!r} '
+                '(each camera NAME is also read on NAME/compressed)')
+    return None
+
+
+def response_format_problem(v):
+    """Why ``response_format`` text ``v`` cannot constrain answers (None: it can)."""
+    # The library compiles the grammar without a vocabulary here (no checkpoint is loaded at
+    # start-up or in orin_llm_check); the loaded engine's own compile: check_loaded.
+    if len(v) > MAX_PROMPT_CHARS:
+        return f'is too long ({len(v)} characters, limit {MAX_PROMPT_CHARS})'
+    from orin_llm_node.engine.structured import check_grammar, check_response_format
+    try:
+        fmt = response_format(v)
+        if fmt is not None and not isinstance(fmt, dict):
+            return 'must be a JSON object'
+        fmt = check_response_format(fmt)
+        if fmt is not None:
+            check_grammar(fmt)
+    except ValueError as exc:
+        return clip(' '.join(str(exc).split()), REASON_CHARS)
+    return None
+
+
+def response_format(text):
+    """The ``response_format`` parameter's JSON text as a dict (empty: None).
+
+    ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
+    """
+    return bounded_json.loads(text) if text else None
+
+
+def tools_problem(v):
+    """Why ``tools`` text ``v`` cannot be offered (None: it can)."""
+    # Shapes and each tool's schema compiled without a vocabulary, as response_format; the
+    # loaded engine's own check (its tool tokens, the rendered tools): check_loaded.
+    if len(v) > MAX_TOOLS_CHARS:
+        return f'is too long ({len(v)} characters, limit {MAX_TOOLS_CHARS})'
+    from orin_llm_node.engine.tool_calls import check_tool_schemas
+    try:
+        check_tool_schemas(tools_value(v))
+    except ValueError as exc:
+        return clip(' '.join(str(exc).split()), REASON_CHARS)
+    return None
+
+
+def tools_value(text):
+    """The ``tools`` parameter's JSON text as a value (empty: None; ``[]`` also means none).
+
+    ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
+    """
+    return bounded_json.loads(text) if text else None
