@@ -35,6 +35,7 @@ from orin_llm_node.backends.openai_wire import (
 from orin_llm_node.engine import ChatResult, FinishReason, SamplingParams, Stage, StreamEvent
 from orin_llm_node.engine.structured import parse_answer
 from orin_llm_node.engine.thread_guard import SingleThreadGuard
+from orin_llm_node.engine.turn import check_text
 from orin_llm_node.processing import ImageProcessor
 
 __all__ = ['OpenAIBackend', 'RemoteConversation', 'RemoteResult']
@@ -193,7 +194,7 @@ class OpenAIBackend:
     def new_conversation(self, system_prompt: str | None = None) -> RemoteConversation:
         """Start a conversation (``ValueError`` for a system prompt that is not text)."""
         if system_prompt is not None:
-            _check_text('system prompt', system_prompt)
+            check_text('system prompt', system_prompt)
         conv = RemoteConversation(system_prompt)
         self._conversations[conv.id] = conv
         return conv
@@ -244,7 +245,7 @@ class OpenAIBackend:
         parts, sent = [], []
         for item in items:
             if isinstance(item, str):
-                _check_text('text', item)
+                check_text('text', item)
                 parts.append(('text', item))
             elif isinstance(item, np.ndarray):
                 resized = self.image_processor.resize(item)   # ValueError for a bad array
@@ -407,13 +408,3 @@ class _Turn:
         if self.error is None:
             self.finish, self.error = FinishReason.ERROR, one_line(reason)
 
-
-def _check_text(what: str, text) -> None:
-    # ValueError unless ``text`` is a str that encodes to UTF-8 (no lone surrogates).
-    if not isinstance(text, str):
-        raise ValueError(f'{what} must be a str, got {type(text).__name__}')
-    try:
-        text.encode('utf-8')
-    except UnicodeEncodeError as exc:
-        raise ValueError(f'{what} is not valid Unicode: lone surrogate {text[exc.start]!r} '
-                         f'at index {exc.start}') from None

@@ -142,7 +142,7 @@ class AnswerInfo:
             ttft_ms=round(1000.0 * result.ttft_s, 3),
             decode_tok_s=None if result.decode_tok_s is None else round(result.decode_tok_s, 3),
             weight_format=weight_format or None, tag=_tag(request.envelope), valid=result.valid,
-            parsed=result.parsed, tool_calls=list(getattr(result, 'tool_calls', None) or []),
+            parsed=result.parsed, tool_calls=list(result.tool_calls),
             detections=detections, backend=backend, model=model)
 
     @classmethod
