@@ -9,16 +9,7 @@ The engine's (test_structured.py, test_structured_failures.py) and the node's
 from orin_llm_node.testing import shapes
 
 # What the demo model can answer about its pictures, as a JSON Schema.
-ROBOT_SCHEMA = {
-    'type': 'object',
-    'properties': {
-        'colour': {'type': 'string', 'enum': list(shapes.COLOURS)},
-        'shape': {'type': 'string', 'enum': list(shapes.SHAPES)},
-        'count': {'type': 'integer', 'minimum': 1, 'maximum': 3},
-    },
-    'required': ['colour', 'shape', 'count'],
-    'additionalProperties': False,
-}
+ROBOT_SCHEMA = shapes.ROBOT_SCHEMA
 SELF_REF = {'$defs': {'a': {'$ref': '#/$defs/a'}}, '$ref': '#/$defs/a'}
 # Compiles, and admits '{"a":' -- then nothing: "x" only leads back to itself.
 DEAD_AFTER_KEY = {'type': 'object', 'properties': {'a': {'$ref': '#/$defs/x'}},

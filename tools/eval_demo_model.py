@@ -19,7 +19,11 @@ Held-out synthetic scenes (seeds far from the training stream), one conversation
   (``tool_results``), answered "Done.";
 * ``where``: ``detect="the shape"`` (the engine's grounding prompt and box grammar): right when
   the box's label names the shape's colour and kind and the box, mapped to the frame's pixels,
-  overlaps the shape's own box with IoU >= 0.5 (the mean IoU is reported too).
+  overlaps the shape's own box with IoU >= 0.5 (the mean IoU is reported too);
+* ``json``: "Describe the shape as JSON." held to ``shapes.ROBOT_SCHEMA`` (``response_format``):
+  right when the object names the shape's colour, kind and a count of 1; ``json_colour``: "What
+  colour is the shape?" held to the same schema: right when its ``colour`` is the shape's
+  (transformers has no grammar: these two are scored for ours only).
 
 Every turn is also answered by ``Qwen3VLForConditionalGeneration.generate`` (greedy, fp32) on
 inputs built independently with transformers' tokenizer, chat template and
@@ -50,12 +54,14 @@ from orin_llm_node.testing import shapes  # noqa: E402
 
 DEFAULT_MODEL = REPO / 'orin_llm_node' / 'demo_model'
 TYPES = ('colour', 'shape', 'count', 'follow_colour', 'follow_shape', 'new_image',
-         'tools_colour', 'point', 'point_done', 'where')
+         'tools_colour', 'point', 'point_done', 'where', 'json', 'json_colour')
 # The types the demo model was first trained on: PASS needs them at >= 95 %.
 CORE_TYPES = TYPES[:6]
 WITH_TOOLS = ('tools_colour', 'point', 'point_done')
 EVAL_SEED = 7_000_000  # training draws from np.random.default_rng(0): a different stream
-MAX_TOKENS = {'point': 72, 'where': 72}  # a call, a box (the rest: --max-tokens)
+MAX_TOKENS = {'point': 72, 'where': 72, 'json': 32, 'json_colour': 32}  # else --max-tokens
+# Held to shapes.ROBOT_SCHEMA: transformers' greedy has no grammar, so only ours is scored.
+SCHEMA_TYPES = ('json', 'json_colour')
 
 
 def make_item(kind: str, index: int) -> list[shapes.Turn]:
@@ -67,10 +73,14 @@ def make_item(kind: str, index: int) -> list[shapes.Turn]:
         return shapes.Turn(q, scene if image else None,
                            shapes.answer(question_kind, scene), question_kind)
 
-    if kind in ('colour', 'shape', 'count', 'tools_colour', 'point', 'where'):
+    if kind in ('colour', 'shape', 'count', 'tools_colour', 'point', 'where', 'json'):
         question = 'colour' if kind == 'tools_colour' else kind
         scene = shapes.random_scene(rng, num_shapes=None if kind == 'count' else 1)
         return [turn(question, scene)]
+    if kind == 'json_colour':
+        scene = shapes.random_scene(rng, num_shapes=1)
+        return [shapes.Turn(shapes.QUESTIONS['colour'][0], scene, shapes.json_answer(scene),
+                            kind)]
     if kind == 'point_done':
         scene = shapes.random_scene(rng, num_shapes=1)
         return [turn('point', scene),
@@ -133,6 +143,10 @@ def ask(engine, conv, turn, tools, max_tokens, previous):
     if turn.kind == 'where':
         return engine.chat(conv, images=images, sampling=SamplingParams(
             max_tokens=max_tokens, detect=shapes.WHERE_PHRASE))
+    if turn.kind in SCHEMA_TYPES:
+        return engine.chat(conv, turn.question, images=images, sampling=SamplingParams(
+            max_tokens=max_tokens, response_format={'type': 'json_schema',
+                                                    'schema': shapes.ROBOT_SCHEMA}))
     sampling = SamplingParams(max_tokens=max_tokens, tools=tools)
     if turn.kind == 'pointed':
         results = [{'id': c['id'], 'content': turn.question} for c in previous.tool_calls]
@@ -144,6 +158,11 @@ def right(turn, res_text, tool_calls=None) -> bool:
     """Whether an answer to ``turn`` is right (``tool_calls``: ours, checked for a point)."""
     if turn.kind == 'where':
         return box_score(res_text, turn.scene) >= 0.5
+    if turn.kind == 'json_colour':
+        try:
+            return json.loads(res_text)['colour'] == turn.scene.shapes[0].colour
+        except (ValueError, LookupError, TypeError):
+            return False
     if turn.kind == 'point' and tool_calls is not None:
         shape = turn.scene.shapes[0]
         return [(c['name'], c['arguments']) for c in tool_calls] == [
@@ -204,7 +223,7 @@ def main(argv=None):
                 stats['not_stopped'] += res.finish_reason not in ('stop', 'tool_calls')
                 if k > 0 and res.cached_tokens <= 0:
                     stats['follow_up_uncached'] += 1
-                if ref is not None:
+                if ref is not None and kind not in SCHEMA_TYPES:
                     text, ids = ref.answer(turns[:k + 1], theirs, max_tokens, tools)
                     theirs.append(text)
                     ok_ref &= right(t, text)
@@ -215,14 +234,14 @@ def main(argv=None):
             if not ok_ours and len(failures) < 5:
                 failures.append({'item': i, 'expected': [t.answer for t in turns],
                                  'ours': ours})
-            if ref is not None:
+            if ref is not None and kind not in SCHEMA_TYPES:
                 stats['ref_correct'] += ok_ref and len(theirs) == len(turns)
                 stats['answer_mismatch'] += theirs[:len(ours)] != ours
         n = stats['n']
         stats['ours_accuracy'] = stats['ours_correct'] / n
         if ious:
             stats['mean_iou'] = round(float(np.mean(ious)), 4)
-        if ref is not None:
+        if ref is not None and kind not in SCHEMA_TYPES:
             stats['ref_accuracy'] = stats['ref_correct'] / n
         else:
             del stats['ref_correct'], stats['answer_mismatch'], stats['prompt_mismatch']

@@ -208,7 +208,7 @@ class Encoder:
     def scene_inputs(self, scenes):
         """Pixel patches, grids and auxiliary targets (`cell_targets`) of a list of scenes."""
         if not scenes:
-            return None, None, np.zeros((0, 3), np.int64)
+            return None, None, np.zeros((0, 3 + AUX_BOX), np.float32)
         pixels, grids = self.images([s.image for s in scenes])
         aux = np.concatenate([cell_targets(s, g, self.proc.merge_size)
                               for s, g in zip(scenes, grids, strict=True)])
@@ -217,16 +217,23 @@ class Encoder:
 
 # Auxiliary vision targets. Every image token (one merged 2 x 2 patch cell) is classified by a
 # throw-away linear head on the vision merger's output: the shape kind and colour covering the
-# cell (0 = background) and whether a shape's centre lies in it. This dense signal teaches the
-# vision tower in minutes what the one-token answers alone teach it only slowly; the language
-# model then learns to read the answers off these features. The head is not saved: the
-# checkpoint is a plain Qwen3-VL.
+# cell (0 = background) and whether a shape's centre lies in it; and, where a shape covers the
+# cell, the head regresses that shape's box (x1, y1, x2, y2 as fractions of the image). This
+# dense signal teaches the vision tower in minutes what the answers alone teach it only slowly
+# (a 160 px image is 5 x 5 tokens: a box's edges lie inside cells, so the tokens must say where);
+# the language model then learns to read the answers off these features. The head is not
+# saved: the checkpoint is a plain Qwen3-VL.
 AUX_CLASSES = (1 + len(shapes.SHAPES), 1 + len(shapes.COLOURS), 2)
+AUX_BOX = 4  # regressed box coordinates per cell
 MIN_COVER = 0.15  # fraction of a cell a shape must cover to name the cell
 
 
 def cell_targets(scene, grid, merge: int) -> np.ndarray:
-    """[cells, 3] int64 (kind, colour, centre) targets of one image's tokens, row-major."""
+    """[cells, 7] float32 targets of one image's tokens, row-major.
+
+    Columns: kind, colour, centre (class indices) and the covering shape's box (fractions of
+    the image; NaN where no shape covers the cell).
+    """
     _, gh, gw = (int(v) for v in grid)
     ch, cw = gh // merge, gw // merge
     height, width = scene.image.shape[:2]
@@ -242,9 +249,15 @@ def cell_targets(scene, grid, merge: int) -> np.ndarray:
     covered = counts[np.arange(len(best)), best + 1] >= MIN_COVER * area
     kinds = np.array([1 + shapes.SHAPES.index(s.kind) for s in scene.shapes])
     colours = np.array([1 + list(shapes.COLOURS).index(s.colour) for s in scene.shapes])
-    out = np.zeros((ch * cw, 3), np.int64)
+    boxes = np.zeros((len(scene.shapes), AUX_BOX))
+    for i in range(len(scene.shapes)):
+        ys, xs = np.nonzero(index == i + 1)
+        boxes[i] = (xs.min() / width, ys.min() / height, (xs.max() + 1) / width,
+                    (ys.max() + 1) / height)
+    out = np.zeros((ch * cw, 3 + AUX_BOX), np.float32)
     out[:, 0] = np.where(covered, kinds[best], 0)
     out[:, 1] = np.where(covered, colours[best], 0)
+    out[:, 3:] = np.where(covered[:, None], boxes[best], np.nan)
     for s in scene.shapes:
         r = min(int(s.cy * ch / height), ch - 1)
         c = min(int(s.cx * cw / width), cw - 1)
@@ -268,35 +281,49 @@ def collate(examples, pad_id, image_id):
     if pix:
         batch['pixel_values'] = torch.cat(pix)
         batch['image_grid_thw'] = torch.cat([e[3] for e in examples if e[3] is not None])
-    aux = torch.from_numpy(np.concatenate([e[4] for e in examples]))
+    aux = torch.from_numpy(np.concatenate([e[4] for e in examples]))  # float32
     return batch, aux
 
 
 def aux_loss_and_accuracy(aux_head, tokens, targets):
-    """Summed cross-entropy of the auxiliary heads and (kind, colour, centre) accuracies.
+    """Summed auxiliary loss and (kind, colour, centre, box) accuracies.
 
-    Kind and colour accuracy are taken over the cells a shape covers, centre accuracy over the
-    cells holding a centre: the cells that carry the answers.
+    Cross-entropy of the three cell classes plus the smooth-L1 box regression (in 1/10 of the
+    image, where a shape covers the cell). Kind and colour accuracy are taken over the cells a
+    shape covers, centre accuracy over the cells holding a centre, box accuracy (every
+    coordinate within 5 % of the image) over the covered cells: the cells that carry the
+    answers.
     """
-    logits = aux_head(tokens).split(AUX_CLASSES, dim=-1)
-    if logits[0].shape[0] != targets.shape[0]:
+    out = aux_head(tokens)
+    logits = out[:, :sum(AUX_CLASSES)].split(AUX_CLASSES, dim=-1)
+    if out.shape[0] != targets.shape[0]:
         raise RuntimeError('image tokens and auxiliary targets are out of step')
-    loss = sum(torch.nn.functional.cross_entropy(lg, targets[:, i])
+    classes = targets[:, :3].long()
+    loss = sum(torch.nn.functional.cross_entropy(lg, classes[:, i])
                for i, lg in enumerate(logits))
+    box, want = out[:, sum(AUX_CLASSES):], targets[:, 3:]
+    has_box = ~torch.isnan(want[:, 0])
+    if has_box.any():
+        loss = loss + torch.nn.functional.smooth_l1_loss(
+            10 * box[has_box], 10 * want[has_box])
     with torch.no_grad():
         acc = []
         for i, lg in enumerate(logits):
-            sel = targets[:, i] > 0
-            hit = lg.argmax(-1)[sel] == targets[sel, i]
+            sel = classes[:, i] > 0
+            hit = lg.argmax(-1)[sel] == classes[sel, i]
             acc.append(hit.float().mean().item() if sel.any() else float('nan'))
+        close = ((box[has_box] - want[has_box]).abs() <= 0.05).all(dim=-1)
+        acc.append(close.float().mean().item() if has_box.any() else float('nan'))
     return loss, acc
 
 
 # Training leans on counting several shapes, the slowest skill (colour is learnt first, shapes
 # next; counting one shape is trivial) and on boxes (many digits): a new image is asked each
-# kind of question with TRAIN_MIX (``point`` only where the tools are declared), and a counted
-# image holds 1, 2 or 3 shapes with TRAIN_COUNT_SHAPES.
-TRAIN_MIX = {'colour': 0.1, 'shape': 0.25, 'count': 0.25, 'where': 0.25, 'point': 0.15}
+# kind of question with TRAIN_MIX (``point`` only where the tools are declared; ``json`` keeps
+# the colour and shape right where a schema makes the answer an object), and a counted image
+# holds 1, 2 or 3 shapes with TRAIN_COUNT_SHAPES.
+TRAIN_MIX = {'colour': 0.1, 'shape': 0.2, 'count': 0.2, 'where': 0.3, 'point': 0.1,
+             'json': 0.1}
 TRAIN_COUNT_SHAPES = (0.2, 0.4, 0.4)
 
 
@@ -391,14 +418,15 @@ def greedy_answer(model, enc, turns, system=None, answers=None, max_new_tokens=8
 
 
 def quick_eval(model, enc, seed, per_kind=40):
-    """Accuracy of single-turn colour/shape/count/point questions and 2-turn follow-ups.
+    """Accuracy of single-turn colour/shape/count/point/json questions and 2-turn follow-ups.
 
-    ``where``: the box answer is right within 50 of 1000 on every coordinate.
+    Free (unconstrained) greedy answers; ``where``: the box answer is right within 50 of 1000
+    on every coordinate.
     """
     rng = np.random.default_rng(seed)
     model.eval()
     acc = {}
-    for kind in ('colour', 'shape', 'count', 'follow_up', 'point', 'where'):
+    for kind in ('colour', 'shape', 'count', 'follow_up', 'point', 'where', 'json'):
         ok = 0
         for _ in range(per_kind):
             if kind in ('point', 'where'):
@@ -421,7 +449,8 @@ def quick_eval(model, enc, seed, per_kind=40):
                 scene = shapes.random_scene(rng, num_shapes=None if kind == 'count' else 1)
                 turns = [shapes.Turn(shapes.QUESTIONS[kind][0], scene,
                                      shapes.answer(kind, scene), kind)]
-            ok += greedy_answer(model, enc, turns)[0] == turns[-1].answer
+            tokens = 32 if kind == 'json' else 8
+            ok += greedy_answer(model, enc, turns, max_new_tokens=tokens)[0] == turns[-1].answer
         acc[kind] = ok / per_kind
     model.train()
     return acc
@@ -513,6 +542,10 @@ def main(argv=None):
                     help='processes that make the training batches')
     ap.add_argument('--device', default='cpu',
                     help='torch device of the training (the data is made on the CPU)')
+    ap.add_argument('--minutes', type=float,
+                    help='end the joint run after this many minutes (of the joint run; the'
+                         ' learning-rate schedule then follows the time, --steps is a bound):'
+                         ' a run sized to the time a borrowed machine is lent')
     ap.add_argument('--init-from', type=Path,
                     help='start from this checkpoint (same architecture) instead of random')
     args = ap.parse_args(argv)
@@ -537,7 +570,7 @@ def main(argv=None):
 
     # The auxiliary head reads the merger's output (the image tokens the decoder sees).
     aux_head = torch.nn.Linear(cfg['vision_config']['out_hidden_size'],
-                               sum(AUX_CLASSES)).to(args.device)
+                               sum(AUX_CLASSES) + AUX_BOX).to(args.device)
     merged = {}
     model.model.visual.merger.register_forward_hook(
         lambda _m, _i, out: merged.__setitem__('tokens', out))
@@ -552,19 +585,31 @@ def main(argv=None):
     opt = torch.optim.AdamW([{'params': decay + [aux_head.weight], 'weight_decay': 0.01},
                              {'params': no_decay + [aux_head.bias], 'weight_decay': 0.0}],
                             lr=args.lr, betas=(0.9, 0.98))
-    warmup = max(1, args.steps // 20)
+    # Warm-up: 5 % of a run sized by steps; 100 steps of one sized by time.
+    warmup = 100 if args.minutes else max(1, args.steps // 20)
+
+    joint_start = time.time()
+
+    def progress(step):
+        """Fraction of the joint run done: by steps, or by time with --minutes."""
+        if args.minutes:
+            return min(1.0, (time.time() - joint_start) / (60 * args.minutes))
+        return (step - warmup) / max(1, args.steps - warmup)
 
     def lr_at(step):
         if step < warmup:
             return (step + 1) / warmup
-        t = (step - warmup) / max(1, args.steps - warmup)
-        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t))
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * max(0.0, progress(step))))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     data_s = 0.0
     running = running_aux = None
     batches = training_batches(work, args)
+    steps = args.steps
     for step in range(args.steps):
+        if args.minutes and step > warmup and progress(step) >= 1.0:
+            steps = step
+            break
         t0 = time.time()
         batch, aux = next(batches)
         batch = {k: v.to(args.device) for k, v in batch.items()}
@@ -572,7 +617,7 @@ def main(argv=None):
         data_s += time.time() - t0
         merged.clear()
         loss = model(**batch).loss
-        aux_loss, aux_acc = torch.zeros((), device=args.device), [float('nan')] * 3
+        aux_loss, aux_acc = torch.zeros((), device=args.device), [float('nan')] * 4
         if 'tokens' in merged and args.aux_weight > 0:
             aux_loss, aux_acc = aux_loss_and_accuracy(aux_head, merged['tokens'], aux)
         opt.zero_grad(set_to_none=True)
@@ -583,7 +628,7 @@ def main(argv=None):
         running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
         running_aux = (aux_loss.item() if running_aux is None
                        else 0.95 * running_aux + 0.05 * aux_loss.item())
-        if step % 25 == 0 or step == args.steps - 1:
+        if step % 100 == 0 or step == args.steps - 1:
             el = time.time() - start
             print(f'step {step:5d} loss {running:.4f} aux {running_aux:.4f} '
                   f'(acc {" ".join(f"{a:.2f}" for a in aux_acc)}) '
@@ -593,7 +638,7 @@ def main(argv=None):
             print('quick eval', quick_eval(model, enc, seed=10_000 + step), flush=True)
     batches.close()
     train_s = time.time() - start
-    print(f'trained {args.steps} steps in {train_s / 60:.1f} min', flush=True)
+    print(f'trained {steps} steps in {train_s / 60:.1f} min', flush=True)
 
     save_weights(model, cfg, work)
     if args.final_eval:

@@ -26,6 +26,8 @@ Questions (the contract the demo model is trained on):
 * ``point`` ("Point at the shape.") in a conversation that declares ``TOOLS``: a call of
   ``point_at`` with the shape's colour and kind, as the chat template writes a call; the tool's
   result (``POINTED``) is then answered ``AFTER_POINTING``.
+* ``json`` ("Describe the shape as JSON.") about an image with one shape: ``json_answer``, the
+  object ``ROBOT_SCHEMA`` asks for, written as constrained decoding writes it (compact).
 
 Other answers are one lowercase word and a full stop ("red.", "circle.", "two."); the model
 ends them with ``<|im_end|>``.
@@ -42,9 +44,10 @@ from orin_llm_node.processing.grounding import COORDINATE_RANGE, grounding_promp
 
 __all__ = [
     'AFTER_POINTING', 'COLOURS', 'COUNT_WORDS', 'FOLLOW_UPS', 'NO_IMAGE_ANSWER', 'POINTED',
-    'QUESTIONS', 'SHAPES', 'TOOLS', 'WHERE_PHRASE', 'Scene', 'Shape', 'Turn', 'answer',
-    'box_answer', 'corpus', 'draw_scene', 'point_answer', 'random_conversation',
-    'random_scene', 'render_scene', 'shape_box', 'shape_index_map', 'simple_scene',
+    'QUESTIONS', 'ROBOT_SCHEMA', 'SHAPES', 'TOOLS', 'WHERE_PHRASE', 'Scene', 'Shape', 'Turn',
+    'answer', 'box_answer', 'corpus', 'draw_scene', 'json_answer', 'point_answer',
+    'random_conversation', 'random_scene', 'render_scene', 'shape_box', 'shape_index_map',
+    'simple_scene',
 ]
 
 # Nominal RGB of each colour; every drawn shape jitters each channel by up to COLOUR_JITTER.
@@ -75,6 +78,7 @@ QUESTIONS = {
     # The first is what the engine asks for ``detect="the shape"`` (processing/grounding.py).
     'where': (grounding_prompt('the shape'), 'Where is the shape?', 'Where is it?'),
     'point': ('Point at the shape.', 'Point to the shape.', 'Can you point at the shape?'),
+    'json': ('Describe the shape as JSON.', 'Answer as JSON.', 'The shape as a JSON object.'),
 }
 WHERE_PHRASE = 'the shape'
 # The one tool of the demo world (OpenAI function shape, as the engine and the template take it).
@@ -86,6 +90,17 @@ TOOLS = [{'type': 'function', 'function': {
                                   'shape': {'type': 'string', 'enum': list(SHAPES)}},
                    'required': ['colour', 'shape']},
 }}]
+# What a robot asks of the demo world as a JSON Schema (``json`` answers follow it).
+ROBOT_SCHEMA = {
+    'type': 'object',
+    'properties': {
+        'colour': {'type': 'string', 'enum': list(COLOURS)},
+        'shape': {'type': 'string', 'enum': list(SHAPES)},
+        'count': {'type': 'integer', 'minimum': 1, 'maximum': 3},
+    },
+    'required': ['colour', 'shape', 'count'],
+    'additionalProperties': False,
+}
 POINTED = 'ok'  # what the tool answers
 AFTER_POINTING = 'Done.'  # what the model says to that
 FOLLOW_UPS = {
@@ -300,6 +315,13 @@ def point_answer(scene: Scene) -> str:
     return f'<tool_call>\n{{"name": "point_at", "arguments": {arguments}}}\n</tool_call>'
 
 
+def json_answer(scene: Scene) -> str:
+    """The scene's one shape as compact JSON: ``{"colour":...,"shape":...,"count":1}``."""
+    shape = scene.shapes[0]
+    return json.dumps({'colour': shape.colour, 'shape': shape.kind, 'count': 1},
+                      separators=(',', ':'))
+
+
 def answer(kind: str, scene: Scene | None) -> str:
     """The expected answer to a question of `kind` about `scene` (None: no image seen)."""
     if scene is None:
@@ -312,6 +334,8 @@ def answer(kind: str, scene: Scene | None) -> str:
         return box_answer(scene)
     if kind == 'point':
         return point_answer(scene)
+    if kind == 'json':
+        return json_answer(scene)
     return (scene.shapes[0].colour if kind == 'colour' else scene.shapes[0].kind) + '.'
 
 
