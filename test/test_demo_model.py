@@ -163,3 +163,51 @@ def test_one_chat_template_in_the_package(tiny_ckpt):
     found = sorted(package_files.PACKAGE_DIR.rglob('chat_template*'))
     assert found == [package_files.DEMO_MODEL_DIR / 'chat_template.jinja']
     assert (tiny_ckpt / 'chat_template.jinja').read_bytes() == found[0].read_bytes()
+
+
+@pytest.mark.parametrize('kind,colour,background', [
+    ('circle', 'red', (255, 255, 255)),
+    ('square', 'blue', (128, 128, 128)),
+    ('star', 'green', (230, 230, 230)),
+])
+def test_points_at_the_shape_with_a_tool_call_and_takes_the_result(engine, kind, colour,
+                                                                   background):
+    scene = shapes.simple_scene(kind, colour, height=160, width=200, background=background)
+    tools = SamplingParams(max_tokens=72, tools=shapes.TOOLS)
+    conv = engine.new_conversation()
+    res = engine.chat(conv, 'Point at the shape.', images=[scene.image], sampling=tools)
+    assert res.finish_reason == 'tool_calls', res
+    assert [(c['name'], c['arguments']) for c in res.tool_calls] == [
+        ('point_at', {'colour': colour, 'shape': kind})]
+    done = engine.chat(conv, tool_results=[{'id': res.tool_calls[0]['id'],
+                                            'content': shapes.POINTED}], sampling=tools)
+    assert done.text == shapes.AFTER_POINTING and done.cached_tokens > 0
+    # With the tool declared, a question is still answered, not turned into a call.
+    assert engine.chat(conv, 'What colour is the shape?', images=[scene.image],
+                       sampling=tools).text == f'{colour}.'
+    engine.reset(conv)
+
+
+@pytest.mark.parametrize('kind,colour,box', [
+    ('circle', 'red', (40, 30, 120, 110)),
+    ('square', 'blue', (90, 50, 190, 150)),
+    ('triangle', 'yellow', (20, 60, 110, 150)),
+])
+def test_gives_the_box_of_the_shape_in_the_frame(engine, kind, colour, box):
+    x1, y1, x2, y2 = box
+    shape = shapes.Shape(kind, colour, (x1 + x2) / 2, (y1 + y2) / 2, (x2 - x1) / 2)
+    scene = shapes.Scene(shapes.render_scene(160, 200, [shape], background=(250, 250, 250)),
+                         (shape,))
+    conv = engine.new_conversation()
+    res = engine.chat(conv, images=[scene.image], sampling=SamplingParams(
+        max_tokens=72, detect=shapes.WHERE_PHRASE))
+    assert res.finish_reason == 'stop' and res.valid, res
+    (det,) = res.detections
+    assert det['label'] == f'{colour} {kind}'
+    truth = shapes.shape_box(scene)
+    ix = max(0.0, min(det['bbox'][2], truth[2]) - max(det['bbox'][0], truth[0]))
+    iy = max(0.0, min(det['bbox'][3], truth[3]) - max(det['bbox'][1], truth[1]))
+    area = ((det['bbox'][2] - det['bbox'][0]) * (det['bbox'][3] - det['bbox'][1])
+            + (truth[2] - truth[0]) * (truth[3] - truth[1]) - ix * iy)
+    assert ix * iy / area >= 0.5, (det, truth)
+    engine.reset(conv)
