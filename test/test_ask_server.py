@@ -468,3 +468,21 @@ def test_goals_are_refused_by_state_and_deactivate_aborts_them(managed):
     probe.spin_until(lambda: probe.ready, EVENT_TIMEOUT, 'ready again')
     again = probe.asker.send(Ask.Goal(prompt='Hello again?'))
     assert probe.asker.result(again).status == GoalStatus.STATUS_SUCCEEDED
+
+
+def test_a_goal_image_that_does_not_decode_fails_the_goal_with_the_reason(probe):
+    # Its magic bytes and header (size) pass the checks on arrival; the pixels do not decode.
+    import cv2
+    from sensor_msgs.msg import CompressedImage
+    png = bytearray(cv2.imencode('.png', _frame()[:64, :64])[1].tobytes())
+    png[60:-12] = bytes(len(png) - 72)      # the image data zeroed, the IHDR chunk kept
+    broken = CompressedImage(format='png', data=bytes(png))
+    handle = probe.asker.send(Ask.Goal(prompt='What is in the picture?',
+                                       compressed_images=[broken]))
+    result = probe.asker.result(handle)
+    assert result.status == GoalStatus.STATUS_ABORTED, result
+    assert result.result.finish_reason == 'error', result.result
+    assert 'goal image 1: image rejected' in result.result.error, result.result.error
+    info = json.loads(result.result.info)
+    assert _info_for(probe, info['request_id'])['error'] == result.result.error
+    assert probe.ask('Still there?')

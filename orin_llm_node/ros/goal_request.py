@@ -92,7 +92,8 @@ def _goal_view(index, msg):
     except ros_image.ImageConversionError as exc:
         raise GoalRefused(f'{name}: {exc}') from None
     stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
-    return CameraView(name, image=PendingImage(msg, compressed, stamp, stamp > 0))
+    return CameraView(name, image=PendingImage(msg, compressed, stamp, stamp > 0),
+                      required=True)
 
 
 def _camera_request(node, request_id, text, envelope, cameras, listener):

@@ -18,7 +18,9 @@ def decode(request, rejected):
     """[(view, RGB array or VideoClip)] of the cameras that give ``request`` something.
 
     A frame that cannot be decoded leaves its camera out: ``rejected(view, exc)`` is told
-    (before the view forgets the frame) and the view's ``missing`` says why.
+    (before the view forgets the frame) and the view's ``missing`` says why.  A ``required``
+    image (a goal's own) that cannot be decoded raises ``ValueError`` with the reason instead:
+    the question was about that image.
     """
     used = []
     for view in request.views:
@@ -36,8 +38,11 @@ def decode(request, rejected):
         try:
             used.append((view, view.image.rgb()))
         except ros_image.ImageConversionError as exc:
+            why = f'image rejected: {clip(exc, REASON_CHARS)}'
+            if view.required:
+                raise ValueError(f'{view.name}: {why}') from exc
             rejected(view, exc)
-            view.image, view.missing = None, f'image rejected: {clip(exc, REASON_CHARS)}'
+            view.image, view.missing = None, why
     return used
 
 

@@ -48,6 +48,9 @@ class CameraView:
     # A video request's camera with one kept frame in the window: that frame, as an image.
     frame: object = None            # frame_ring.BufferedFrame
     missing: str = ''               # why the camera is left out (said in response/info)
+    # A goal's own image: the caller sent it for this question, so one that cannot be decoded
+    # fails the request instead of leaving it out as a camera's frame is.
+    required: bool = False
 
     def image_info(self):
         """The single frame this camera gives, as ``response/info`` names it; or None."""
