@@ -25,6 +25,7 @@ check of the script, not a measurement. Prefill speed of the dequantise + cuBLAS
 measured here.
 """
 
+import gc
 import json
 from pathlib import Path
 import sys
@@ -59,6 +60,9 @@ def decode_read_bytes(model) -> int:
 
 def bench_format(size: str, fmt: str, model_dir: Path, args) -> dict:
     if gd.DEV == 'cuda':
+        # The previous format's engine is closed, but a cycle may still hold a tensor: collected
+        # now, not while this load runs (that made the weights' bytes come out negative).
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -83,6 +87,7 @@ def bench_format(size: str, fmt: str, model_dir: Path, args) -> dict:
     out['bound_tok_s'] = args.bandwidth_gbs * 1e9 / out['decode_read_bytes']
     for e in out['decode'].values():
         e['fraction_of_bound'] = e['tok_s'] / out['bound_tok_s']
+    engine.close()      # weights, KV pool and graphs given back before the next format loads
     del engine
     gd._MODELS.clear()
     return out
