@@ -273,3 +273,43 @@ def test_a_response_format_that_cannot_be_used_is_one_line(tmp_path, value):
     assert proc.stderr.strip().count('\n') == 0 and 'Traceback' not in proc.stderr
     assert "parameter 'response_format'" in proc.stderr and len(proc.stderr) < 600
     assert ('nested more than 128' if '[[' in value else 'unclosed group') in proc.stderr
+
+
+@pytest.fixture(scope='module')
+def served(tiny_ckpt, tmp_path_factory):
+    from serve_support import Server
+    srv = Server(tiny_ckpt, tmp_path_factory.mktemp('check_serve') / 'serve.log').start()
+    yield srv
+    srv.stop()
+
+
+def test_check_with_backend_openai_asks_the_server_and_times_an_answer(served, tiny_ckpt,
+                                                                       tmp_path):
+    proc, report = run_check(tmp_path, f'model_path:={tiny_ckpt}', 'device:=cpu',
+                             'backend:=openai', f'base_url:={served.url}',
+                             f'model:={Path(tiny_ckpt).name}')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    status = {c['name']: c for c in report['checks']}
+    assert status['backend server']['status'] == 'pass', status['backend server']
+    assert status['backend answer']['status'] == 'pass', status['backend answer']
+    assert 'network included' in status['backend answer']['detail']
+    backend = report['backend']
+    assert backend['model'] in backend['served'] and backend['answer_s'] > 0
+    assert status['tiny decode']['status'] == 'pass'      # the local rows stay
+
+
+@pytest.mark.parametrize('what', ['no server', 'wrong model'])
+def test_check_with_backend_openai_fails_with_the_reason_and_the_fix(served, tiny_ckpt,
+                                                                      tmp_path, what):
+    from serve_support import free_port
+    url = f'http://127.0.0.1:{free_port()}/v1' if what == 'no server' else served.url
+    proc, report = run_check(tmp_path, f'model_path:={tiny_ckpt}', 'device:=cpu',
+                             'backend:=openai', f'base_url:={url}', 'model:=not-this-one',
+                             'backend_connect_timeout_s:=2.0')
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    row = next(c for c in report['checks'] if c['name'] == 'backend server')
+    assert row['status'] == 'fail' and 'base_url' in row['fix']
+    assert ('did not answer' if what == 'no server' else "does not serve model 'not-this-one'") \
+        in row['detail'], row
+    assert 'backend answer' not in {c['name'] for c in report['checks']}
+    assert 'backend server' in proc.stdout.splitlines()[-1]

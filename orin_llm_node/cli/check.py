@@ -14,7 +14,9 @@ against its torch body -- through a launch counter: a row whose op launched no k
 a tiny checkpoint through the engine with CUDA-graph decode equal to eager decode token for
 token across block boundaries (both prefilling at the same row counts) and fp32 kernels against
 the CPU torch path, the memory plan of the configured checkpoint (weights + KV + scratch
-against what is available), and decode tok/s and TTFT on the tiny checkpoint. Prints a table;
+against what is available), and decode tok/s and TTFT on the tiny checkpoint; with ``backend:
+openai``, also whether the server serves ``model`` and how long a short answer takes over the
+network (``check_backend.py``: the rows the node would fail to configure on). Prints a table;
 exits 1 when any check fails (its ``fix`` column says what to do); on a CPU it runs what applies
 and lists what it skipped. Needs no rclpy.
 """
@@ -277,7 +279,7 @@ def run(values):
 
     report = {'parameters': {k: values[k] for k in ('model_path', 'device', 'dtype',
                                                      'quantization', 'max_model_len',
-                                                     'kv_cache_memory_mb')}}
+                                                     'kv_cache_memory_mb', 'backend')}}
     cfg: EngineConfig = engine_config(values)
     try:
         device = tensor_device(cfg.resolve_device())  # cuda:<index>, as its tensors say
@@ -286,6 +288,7 @@ def run(values):
                       "(on a Jetson: JetPack's torch wheel)")]
         report['checks'] = [asdict(r) for r in rows]
         return rows, report
+    from orin_llm_node.cli.check_backend import backend_rows
     from orin_llm_node.cli.check_kernels import fused_rows, kernel_rows
 
     rows = []
@@ -294,7 +297,8 @@ def run(values):
              'memory plan': lambda: _memory(report, values, device),
              'kernels compile': lambda: kernel_rows(report, device),
              'fused kernels': lambda: fused_rows(device),
-             'tiny checkpoint': lambda: _tiny(report, device)}
+             'tiny checkpoint': lambda: _tiny(report, device),
+             'backend': lambda: backend_rows(report, values)}
     for name, step in steps.items():
         try:
             rows += step()
