@@ -342,6 +342,9 @@ def check_parameters(values):
         raise ParameterError(
             f"parameter 'video_window_s' = {values['video_window_s']!r}: must not exceed "
             f"video_buffer_s ({values['video_buffer_s']!r}), the seconds each camera keeps")
+    if values['backend'] == 'openai' and tools_value(values['tools']):
+        raise ParameterError("parameter 'tools': backend openai sends no tools to the server "
+                             '(yet): the local engine (backend local) offers them')
     try:
         engine_config(values)
         sampling_params(values)

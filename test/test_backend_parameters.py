@@ -95,3 +95,11 @@ def test_the_backend_status_is_warn_while_down_and_after_a_failure():
     unknown = BackendStats('openai', 'http://gpu:8000/v1', 'qwen')
     values = {kv.key: kv.value for kv in _statuses(monitor, 11.0, unknown).values}
     assert values['last_ttft_ms'] == values['reachable'] == 'n/a'
+
+
+def test_tools_with_the_openai_backend_are_refused_naming_the_parameter():
+    tools = '[{"name": "stop"}]'
+    _check(tools=tools)                                 # the local engine offers them
+    with pytest.raises(parameters.ParameterError) as err:
+        _check(**SERVER, tools=tools)
+    assert str(err.value).startswith("parameter 'tools': backend openai sends no tools")

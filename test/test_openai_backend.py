@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_support import Server
+from serve_support import Server, free_port
 import torch
 
 from orin_llm_node.backends import OpenAIBackend, OpenAIConfig
@@ -129,3 +129,18 @@ def test_a_conversation_the_server_dropped_is_rebuilt_from_its_messages(pair):
         assert got.prompt_token_ids == want.prompt_token_ids
         assert got.token_ids == want.token_ids
     assert got.cached_tokens >= 16     # at least the image's blocks came from the cache
+
+
+@pytest.mark.parametrize('ask', [
+    {'sampling': SamplingParams(tools=[{'name': 'stop'}])},
+    {'sampling': SamplingParams(detect='the shape')},
+    {'tool_results': [{'id': 'call_0', 'content': 'done'}]},
+], ids=['tools', 'detect', 'tool_results'])
+def test_tools_detect_and_tool_results_are_refused_before_anything_is_sent(ask):
+    # No server at all: the refusal comes before any connection is tried.
+    backend = OpenAIBackend(OpenAIConfig(f'http://127.0.0.1:{free_port()}/v1', 'm'))
+    conv = backend.new_conversation()
+    with pytest.raises(ValueError, match='backend openai sends no tools, tool results or detect'):
+        backend.chat(conv, 'Point at the shape.', **ask)
+    assert backend.stats().requests == 0 and conv.num_turns == 0
+    backend.close()

@@ -210,24 +210,34 @@ class OpenAIBackend:
         self._cancel.set()
 
     def chat(self, conv: RemoteConversation, text, images=None,
-             sampling: SamplingParams | None = None, *, videos=None) -> RemoteResult:
+             sampling: SamplingParams | None = None, *, videos=None,
+             tool_results=None) -> RemoteResult:
         """Answer a user message in ``conv``: ``chat_stream`` run to its end."""
         result = None
-        for event in self.chat_stream(conv, text, images, sampling, videos=videos):
+        for event in self.chat_stream(conv, text, images, sampling, videos=videos,
+                                      tool_results=tool_results):
             result = event.result
         return result
 
     def chat_stream(self, conv: RemoteConversation, text, images=None,
-                    sampling: SamplingParams | None = None, *, videos=None, on_stage=None):
+                    sampling: SamplingParams | None = None, *, videos=None, tool_results=None,
+                    on_stage=None):
         """Like ``LLMEngine.chat_stream``: ``StreamEvent``s, the last with a ``RemoteResult``.
 
         The message is ``images`` then ``text`` (a str, or a list of str and image parts in
         order). Bad input raises ``ValueError`` before anything is sent; video clips are
-        refused (the chat-completions API has no portable way to carry a clip's frame times).
+        refused (the chat-completions API has no portable way to carry a clip's frame times),
+        and so are ``tools``, ``detect`` and ``tool_results`` (not sent to a server yet: only
+        the local engine holds calls and boxes to their grammar).
         ``on_stage``: as the engine's, with the stages a client can tell apart: ``prefill``
         once the request is sent (the server's image encoding included), ``decoding`` at the
         first streamed text.
         """
+        if tool_results is not None or (sampling is not None and (
+                sampling.tools or sampling.detect is not None)):
+            raise ValueError('backend openai sends no tools, tool results or detect requests '
+                             'to the server (yet): the local engine (backend local) answers '
+                             'them')
         with self._guard.hold('chat_stream'):
             yield from self._chat_stream(conv, text, images, sampling, videos,
                                          on_stage or (lambda stage: None))
