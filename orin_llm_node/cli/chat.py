@@ -43,7 +43,6 @@ stderr, the text on stdout as it comes, Ctrl-C cancels that goal.
 import argparse
 import json
 import os
-from pathlib import Path
 import sys
 import time
 
@@ -52,7 +51,6 @@ from rclpy.duration import Duration
 from rclpy.signals import SignalHandlerOptions
 from rclpy.utilities import remove_ros_args
 
-from orin_llm_node import bounded_json
 from orin_llm_node.cli import chat_tools, chat_video
 from orin_llm_node.cli.chat_client import LLMClient, image_message
 from orin_llm_node.parameters import MAX_PROMPT_CHARS
@@ -244,17 +242,8 @@ def _response_format(opts):
         return {'type': 'json_object'}
     if opts.schema is None:
         return None
-    text = Path(opts.schema).read_text()
-    if len(text) > MAX_PROMPT_CHARS:
-        raise ValueError(f'{opts.schema}: {len(text)} characters; a prompt/json request holds '
-                         f'at most {MAX_PROMPT_CHARS}')
-    try:
-        # Bounded: a schema nested deeper than the node takes is refused here, in one line.
-        schema = bounded_json.loads(text)
-    except ValueError as exc:           # not JSON, nested too deep
-        raise ValueError(f'{opts.schema}: {" ".join(str(exc).split())}') from None
-    if not isinstance(schema, dict):
-        raise ValueError(f'{opts.schema}: a JSON Schema must be a JSON object')
+    schema = chat_tools.json_file(opts.schema, dict, 'a JSON object (a JSON Schema)',
+                                  MAX_PROMPT_CHARS)
     return {'type': 'json_schema', 'schema': schema}
 
 

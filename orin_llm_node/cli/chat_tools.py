@@ -58,22 +58,26 @@ def read(opts):
     else:
         if opts.response_format is not None or opts.video:
             raise ValueError('--tools excludes --schema, --json and --video')
-        opts.tools = _json_file(opts.tools, list, 'a JSON list of tools')
+        opts.tools = json_file(opts.tools, list, 'a JSON list of tools', MAX_TOOLS_CHARS)
         if opts.tool_results is not None:
-            opts.tool_results = _json_file(opts.tool_results, dict,
-                                           'a JSON object: tool name -> result')
+            opts.tool_results = json_file(opts.tool_results, dict,
+                                          'a JSON object: tool name -> result', MAX_TOOLS_CHARS)
     if not opts.prompt and opts.detect is None:
         raise ValueError('the question is required (only --detect may go without one)')
 
 
-def _json_file(path, kind, what):
+def json_file(path, kind, what, limit):
+    """The JSON value of file ``path``: a ``kind`` (``what`` names it) of ``limit`` characters.
+
+    ``ValueError`` in one line otherwise (too long, not JSON, nested deeper than the node
+    takes, another kind): the node would refuse the request it goes into.
+    """
     text = Path(path).read_text()
-    if len(text) > MAX_TOOLS_CHARS:
-        raise ValueError(f'{path}: {len(text)} characters; the node takes at most '
-                         f'{MAX_TOOLS_CHARS}')
+    if len(text) > limit:
+        raise ValueError(f'{path}: {len(text)} characters; the node takes at most {limit}')
     try:
         value = bounded_json.loads(text)
-    except ValueError as exc:
+    except ValueError as exc:           # not JSON, nested too deep
         raise ValueError(f'{path}: {" ".join(str(exc).split())}') from None
     if not isinstance(value, kind):
         raise ValueError(f'{path}: must be {what}')
