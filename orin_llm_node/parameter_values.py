@@ -52,6 +52,24 @@ def topic_names_problem(names):
     return None
 
 
+def one_line(exc):
+    """A refusal's reason (an exception) on one line, cut to REASON_CHARS."""
+    return clip(' '.join(str(exc).split()), REASON_CHARS)
+
+
+def json_value(text):
+    """A JSON-text parameter (``response_format``, ``tools``) as a value (empty: None).
+
+    ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
+    """
+    return bounded_json.loads(text) if text else None
+
+
+# The names the parameter table and its callers read the two JSON-text parameters by
+# (``tools``: ``[]`` means none as well).
+response_format = tools_value = json_value
+
+
 def response_format_problem(v):
     """Why ``response_format`` text ``v`` cannot constrain answers (None: it can)."""
     # The library compiles the grammar without a vocabulary here (no checkpoint is loaded at
@@ -60,23 +78,15 @@ def response_format_problem(v):
         return f'is too long ({len(v)} characters, limit {MAX_PROMPT_CHARS})'
     from orin_llm_node.engine.structured import check_grammar, check_response_format
     try:
-        fmt = response_format(v)
+        fmt = json_value(v)
         if fmt is not None and not isinstance(fmt, dict):
             return 'must be a JSON object'
         fmt = check_response_format(fmt)
         if fmt is not None:
             check_grammar(fmt)
     except ValueError as exc:
-        return clip(' '.join(str(exc).split()), REASON_CHARS)
+        return one_line(exc)
     return None
-
-
-def response_format(text):
-    """The ``response_format`` parameter's JSON text as a dict (empty: None).
-
-    ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
-    """
-    return bounded_json.loads(text) if text else None
 
 
 def tools_problem(v):
@@ -87,15 +97,7 @@ def tools_problem(v):
         return f'is too long ({len(v)} characters, limit {MAX_TOOLS_CHARS})'
     from orin_llm_node.engine.tool_calls import check_tool_schemas
     try:
-        check_tool_schemas(tools_value(v))
+        check_tool_schemas(json_value(v))
     except ValueError as exc:
-        return clip(' '.join(str(exc).split()), REASON_CHARS)
+        return one_line(exc)
     return None
-
-
-def tools_value(text):
-    """The ``tools`` parameter's JSON text as a value (empty: None; ``[]`` also means none).
-
-    ``ValueError`` for text that is not JSON or is nested too deep (``bounded_json``).
-    """
-    return bounded_json.loads(text) if text else None

@@ -18,13 +18,13 @@ from orin_llm_node.parameter_values import (  # noqa: F401 - MAX_*, camera_topic
     MAX_TOOLS_CHARS,
     camera_topics,
     model_path_problem,
+    one_line,
     response_format,
     response_format_problem,
     tools_problem,
     tools_value,
     topic_names_problem,
 )
-from orin_llm_node.refusals import REASON_CHARS, clip
 
 
 class ParameterError(ValueError):
@@ -323,8 +323,7 @@ def check_loaded(engine, values, names=LOADED_CHECKS):
         try:
             _LOADED_CHECKS[name](engine, values[name])
         except ValueError as exc:
-            reason = clip(' '.join(str(exc).split()), REASON_CHARS)
-            raise ParameterError(f"parameter '{name}' = {_shown(values[name])}: {reason}"
+            raise ParameterError(f"parameter '{name}' = {_shown(values[name])}: {one_line(exc)}"
                                  ) from None
 
 
