@@ -87,6 +87,7 @@ def _response_format(v):
 class Key:
     """One envelope key: its check (``value -> reason or None``) and what it means.
 
+    ``required``: the key must be there, unless the envelope holds one of ``optional_with``.
     ``overrides``: the run-time parameter it overrides for its own answer, if any; a
     sampling parameter's ``SamplingParams`` field is the table's (its ``engine`` column), and
     the engine's checks of that field apply to it as well.  The envelope gives the engine's
@@ -96,6 +97,7 @@ class Key:
     check: object
     description: str
     required: bool = False
+    optional_with: tuple = ()
     overrides: str = ''
 
     @property
@@ -106,7 +108,9 @@ class Key:
 
 
 KEYS = {
-    'prompt': Key(_prompt, 'the question (text)', required=True),
+    # Without a prompt, detect asks the grounding question and tool results add no message.
+    'prompt': Key(_prompt, 'the question (text)', required=True,
+                  optional_with=('detect', 'tool_results')),
     'response_format': Key(_response_format, 'json_object / json_schema / regex constraint; '
                            'overrides the response_format parameter',
                            overrides='response_format'),
@@ -159,8 +163,7 @@ def parse_envelope(text, tools_parameter=''):
                             f"{', '.join(KEYS)})", tag)
     for name, key in KEYS.items():
         if name not in data:
-            if key.required and not (name == 'prompt'
-                                     and tool_requests.prompt_optional(data)):
+            if key.required and not any(k in data for k in key.optional_with):
                 raise EnvelopeError(f'{name!r} is required', tag)
             continue
         reason = key.check(data[name])

@@ -35,11 +35,6 @@ def _reason(check, v):
     return None
 
 
-def prompt_optional(envelope):
-    """Whether an envelope may leave ``prompt`` out (``detect``, ``tool_results``)."""
-    return 'detect' in envelope or 'tool_results' in envelope
-
-
 def request_text(envelope):
     """The prompt of a checked envelope, taken out of it (``''``: none).
 
@@ -130,17 +125,13 @@ def request_sampling(sampling, envelope, overrides):
     (``response_format`` or ``tools``), so a request that asks for boxes or its own format
     never gets the tools parameter; ``tool_choice`` applies to the tools in effect.
     """
-    plain = {k: v for k, v in overrides.items() if k not in SHAPING}
+    fields = {k: v for k, v in overrides.items() if k not in SHAPING}
     shaped = {k: envelope[k] for k in SHAPING if k in envelope}
     if shaped:
-        sampling = replace(sampling, response_format=None, tools=None, tool_choice=None,
-                           **plain)
-        sampling = replace(sampling, **shaped)
-    elif plain:
-        sampling = replace(sampling, **plain)
+        fields.update({'response_format': None, 'tools': None, 'tool_choice': None, **shaped})
     if 'tool_choice' in envelope:
-        sampling = replace(sampling, tool_choice=envelope['tool_choice'])
-    return sampling
+        fields['tool_choice'] = envelope['tool_choice']
+    return replace(sampling, **fields) if fields else sampling
 
 
 def engine_results(results, pending):
