@@ -104,10 +104,12 @@ class PromptIntake:
                         f"keeps {params['video_buffer_s']:g} s (video_buffer_s)", tag)
             return
         now = node.get_clock().now().nanoseconds
-        views, synchronised = node.intake.take(now, params['image_max_age_s'], video_s)
+        # Tool results alone add no message, so they take no frames (none is decoded).
+        views, synchronised = node.intake.take(now, params['image_max_age_s'], video_s) \
+            if text else ([], True)
         request = Request(request_id, text, views, synchronised, video_s, envelope)
         missing = '; '.join(f'{v.name}: {v.missing}' for v in views if v.missing)
-        if video_s > 0 and all(v.missing for v in views):
+        if video_s > 0 and views and all(v.missing for v in views):
             self.refuse(request_id, text, f'a clip of the last {video_s:g} s has zero frames '
                         f'({missing})', tag, camera_report(request))
             return
