@@ -72,7 +72,8 @@ class Recorder:
     def facts(self, **values):
         self.facts_set.update(values)
 
-    def diagnostics(self, pool_stats, queue_depth, force=False, only_if_due=False):
+    def diagnostics(self, pool_stats, queue_depth, force=False, only_if_due=False,
+                    backend_stats=None):
         self.pool_stats = pool_stats
         return 0.5
 

@@ -21,7 +21,7 @@ def backend_rows(report, values) -> list[Check]:
     """The server rows for ``values`` (none for the local engine); fills ``report['backend']``."""
     if values['backend'] == 'local':
         return []
-    from orin_llm_node.backends import OpenAIBackend
+    from orin_llm_node.backends import BackendUnavailable, OpenAIBackend
     from orin_llm_node.engine import SamplingParams
     from orin_llm_node.parameters import openai_config
 
@@ -33,7 +33,7 @@ def backend_rows(report, values) -> list[Check]:
         t0 = time.monotonic()
         try:
             served = backend.check()
-        except ValueError as exc:          # BackendUnavailable: one line, the key never in it
+        except BackendUnavailable as exc:  # one line, the key never in it
             return [Check('backend server', FAIL, str(exc), FIX)]
         info['served'] = served
         info['check_s'] = round(time.monotonic() - t0, 3)

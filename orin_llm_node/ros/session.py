@@ -280,11 +280,10 @@ class Session:
 
     def _diagnostics(self, force=False, only_if_due=False):
         if self._engine is not None:
-            stats = self._engine.stats()
-            remote = {} if self._local else {'backend_stats': stats}
+            stats = self._engine.stats()     # a local engine's pool, or a server's stats
             self._diagnostics_due_in = self.replies.diagnostics(
                 stats if self._local else None, self.queue_depth(), force, only_if_due,
-                **remote)
+                backend_stats=None if self._local else stats)
 
     def _run_command(self, command):
         if command == 'unload':
@@ -364,8 +363,8 @@ class Session:
         if stamps:
             replies.facts(last_image_stamp=max(stamps) / 1e9)
         text, images, videos = camera_prompt.content(request, used)
-        if not request.text:            # tool results alone: no message, so no frames
-            text, images, videos = None, [], []
+        if not request.text:            # tool results alone: no message (and no frames)
+            text = None
         # Run-time parameters may have changed since the last prompt; an envelope's keys
         # override them for its own answer.
         values = self.settings()
