@@ -4,7 +4,8 @@
 
 :func:`start_node` runs the node (``python -m orin_llm_node.ros.main``) on a checkpoint with
 the repository's YAML, :class:`Probe` is the test's rclpy node (publishers, subscriptions and
-service clients of the node's topics), :func:`connect` waits until the node is ready and
+service clients of the node's topics; :class:`JsonProbe` adds ``prompt/json`` requests matched
+by their tag), :func:`connect` waits until the node is ready and
 matched.  Every process gets this session's loopback-only domain (:func:`ros_env`, from
 conftest.py).
 """
@@ -203,6 +204,53 @@ class Probe:
         self.executor.shutdown()
         self.node.destroy_node()
         rclpy.try_shutdown(context=self.context)
+
+
+
+class JsonProbe(Probe):
+    """A Probe with a ``prompt/json`` publisher; each envelope is matched by its tag.
+
+    Tags are ``tag_prefix`` and a count; ``timeout``: how long :meth:`send` waits.
+    """
+
+    def __init__(self, ns, tag_prefix='t', timeout=ANSWER_TIMEOUT):
+        super().__init__(ns)
+        self.pub_json = self.node.create_publisher(String, f'{ns}/prompt/json', RELIABLE)
+        self.tag_prefix, self.timeout, self.sent = tag_prefix, timeout, 0
+
+    def hello(self, period_s=2.0, tries=10):
+        """Whether a refused envelope's ``response/info`` came back within ``tries``.
+
+        Until one does, an answer's ``response/info`` may be lost (the subscription is not
+        matched yet): ``{"tag": "hello"}`` (refused, nothing generated) every ``period_s``.
+        """
+        for _ in range(tries):
+            self.pub_json.publish(String(data='{"tag": "hello"}'))
+            self.spin_for(period_s)
+            if self.infos_of('hello'):
+                return True
+        return False
+
+    def publish(self, envelope):
+        """Publish ``envelope`` with a fresh tag; returns the tag."""
+        self.sent += 1
+        tag = f'{self.tag_prefix}{self.sent}'
+        self.pub_json.publish(String(data=json.dumps({**envelope, 'tag': tag})))
+        return tag
+
+    def infos_of(self, tag):
+        """The ``response/info`` messages that carry ``tag``."""
+        return [i for i in self.infos if i.get('tag') == tag]
+
+    def wait_info(self, tag, timeout=None):
+        """The first ``response/info`` of ``tag``."""
+        self.spin_until(lambda: self.infos_of(tag), timeout or self.timeout,
+                        f'response/info of {tag}')
+        return self.infos_of(tag)[0]
+
+    def send(self, envelope, timeout=None):
+        """Publish ``envelope``; the ``response/info`` that carries its tag."""
+        return self.wait_info(self.publish(envelope), timeout)
 
 
 def start_node(ckpt, ns, log_dir, *params, managed=False, command=None, env=None):

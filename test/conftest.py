@@ -85,3 +85,13 @@ def cuda_available():
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+@pytest.fixture(scope='module')
+def tiny_server(tiny_ckpt, tmp_path_factory):
+    """orin_llm_serve on the tiny checkpoint (a real process on loopback), one per module."""
+    from serve_support import Server
+    srv = Server(tiny_ckpt, tmp_path_factory.mktemp('serve') / 'serve.log',
+                 '--max-model-len', '8192').start()
+    yield srv
+    srv.stop()

@@ -275,18 +275,10 @@ def test_a_response_format_that_cannot_be_used_is_one_line(tmp_path, value):
     assert ('nested more than 128' if '[[' in value else 'unclosed group') in proc.stderr
 
 
-@pytest.fixture(scope='module')
-def served(tiny_ckpt, tmp_path_factory):
-    from serve_support import Server
-    srv = Server(tiny_ckpt, tmp_path_factory.mktemp('check_serve') / 'serve.log').start()
-    yield srv
-    srv.stop()
-
-
-def test_check_with_backend_openai_asks_the_server_and_times_an_answer(served, tiny_ckpt,
-                                                                       tmp_path):
+def test_check_with_backend_openai_asks_the_server_and_times_an_answer(tiny_server,
+                                                                       tiny_ckpt, tmp_path):
     proc, report = run_check(tmp_path, f'model_path:={tiny_ckpt}', 'device:=cpu',
-                             'backend:=openai', f'base_url:={served.url}',
+                             'backend:=openai', f'base_url:={tiny_server.url}',
                              f'model:={Path(tiny_ckpt).name}')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     status = {c['name']: c for c in report['checks']}
@@ -299,10 +291,10 @@ def test_check_with_backend_openai_asks_the_server_and_times_an_answer(served, t
 
 
 @pytest.mark.parametrize('what', ['no server', 'wrong model'])
-def test_check_with_backend_openai_fails_with_the_reason_and_the_fix(served, tiny_ckpt,
+def test_check_with_backend_openai_fails_with_the_reason_and_the_fix(tiny_server, tiny_ckpt,
                                                                       tmp_path, what):
     from serve_support import free_port
-    url = f'http://127.0.0.1:{free_port()}/v1' if what == 'no server' else served.url
+    url = f'http://127.0.0.1:{free_port()}/v1' if what == 'no server' else tiny_server.url
     proc, report = run_check(tmp_path, f'model_path:={tiny_ckpt}', 'device:=cpu',
                              'backend:=openai', f'base_url:={url}', 'model:=not-this-one',
                              'backend_connect_timeout_s:=2.0')

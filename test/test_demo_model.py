@@ -205,9 +205,5 @@ def test_gives_the_box_of_the_shape_in_the_frame(engine, kind, colour, box):
     (det,) = res.detections
     assert det['label'] == f'{colour} {kind}'
     truth = shapes.shape_box(scene)
-    ix = max(0.0, min(det['bbox'][2], truth[2]) - max(det['bbox'][0], truth[0]))
-    iy = max(0.0, min(det['bbox'][3], truth[3]) - max(det['bbox'][1], truth[1]))
-    area = ((det['bbox'][2] - det['bbox'][0]) * (det['bbox'][3] - det['bbox'][1])
-            + (truth[2] - truth[0]) * (truth[3] - truth[1]) - ix * iy)
-    assert ix * iy / area >= 0.5, (det, truth)
+    assert shapes.iou(det['bbox'], truth) >= 0.5, (det, truth)
     engine.reset(conv)

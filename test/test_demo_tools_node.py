@@ -10,15 +10,13 @@ tool in the envelope comes back as one ``point_at`` call with the shape's colour
 the tool's result goes back through the prefix cache and is answered.
 """
 
-import json
 import time
 
 import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
-from _ros_harness import RELIABLE, START_TIMEOUT, Probe, start_node, stop  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
+from _ros_harness import START_TIMEOUT, JsonProbe, start_node, stop  # noqa: E402
 
 from orin_llm_node.package_files import DEMO_MODEL_DIR  # noqa: E402
 from orin_llm_node.testing import shapes  # noqa: E402
@@ -33,41 +31,17 @@ def probe(tmp_path_factory):
     # One of the system prompts the demo model was trained with.
     proc = start_node(DEMO_MODEL_DIR, NS, tmp_path_factory.mktemp('demo_tools'),
                       f'system_prompt:={shapes.SYSTEM_PROMPTS[0]}', 'max_new_tokens:=72')
-    p = Probe(NS)
+    p = JsonProbe(NS, tag_prefix='demo_', timeout=120.0)
     try:
         p.spin_until(lambda: p.ready or proc.poll() is not None, START_TIMEOUT, 'ready')
         assert proc.poll() is None, 'node died:\n' + proc.log_path.read_text()[-3000:]
-        p.pub_json = p.node.create_publisher(String, f'{NS}/prompt/json', RELIABLE)
         p.spin_until(lambda: p.pub_json.get_subscription_count() > 0
                      and p.pub_image.get_subscription_count() > 0, 20.0, 'subscribed')
-        # Until a refusal comes back, response/info may not be matched yet.
-        for _ in range(10):
-            p.pub_json.publish(String(data='{"tag": "hello"}'))
-            p.spin_for(2.0)
-            if any(i.get('tag') == 'hello' for i in p.infos):
-                break
+        p.hello()
         yield p
     finally:
         p.close()
         stop(proc)
-
-
-def ask(probe, envelope, timeout=120.0):
-    """Publish an envelope with a fresh tag; the ``response/info`` carrying it."""
-    tag, n_info = f'demo_{time.monotonic_ns()}', len(probe.infos)
-    probe.pub_json.publish(String(data=json.dumps({**envelope, 'tag': tag})))
-
-    def mine():
-        return [i for i in probe.infos[n_info:] if i.get('tag') == tag]
-
-    probe.spin_until(mine, timeout, f'response/info tagged {tag}')
-    return mine()[0]
-
-
-def iou(a, b):
-    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    return w * h / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - w * h)
 
 
 @pytest.mark.parametrize('height,width,shape', [
@@ -77,25 +51,25 @@ def iou(a, b):
 def test_detect_the_shape_gives_its_box_in_the_frames_pixels(probe, height, width, shape):
     scene = shapes.Scene(shapes.render_scene(height, width, [shape]), (shape,))
     probe.send_image(probe.image(scene.image, stamp_ns=time.time_ns()))
-    info = ask(probe, {'detect': shapes.WHERE_PHRASE})
+    info = probe.send({'detect': shapes.WHERE_PHRASE})
     assert info['error'] is None and info['finish_reason'] == 'stop', info
     (det,) = info['detections']
     assert det['label'] == f'{shape.colour} {shape.kind}'
     x1, y1, x2, y2 = det['bbox']
     assert 0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height, det
-    assert iou(det['bbox'], shapes.shape_box(scene)) >= 0.5, (det, shapes.shape_box(scene))
+    assert shapes.iou(det['bbox'], shapes.shape_box(scene)) >= 0.5, (det, shapes.shape_box(scene))
 
 
 def test_point_at_the_shape_is_a_call_and_its_result_is_answered(probe):
     shape = shapes.Shape('star', 'green', 150.0, 110.0, 60.0)
     scene = shapes.Scene(shapes.render_scene(240, 320, [shape]), (shape,))
     probe.send_image(probe.image(scene.image, stamp_ns=time.time_ns()))
-    info = ask(probe, {'prompt': 'Point at the shape.', 'conversation': 'new',
+    info = probe.send({'prompt': 'Point at the shape.', 'conversation': 'new',
                        'tools': shapes.TOOLS})
     assert info['finish_reason'] == 'tool_calls', info
     assert [(c['name'], c['arguments']) for c in info['tool_calls']] == [
         ('point_at', {'colour': 'green', 'shape': 'star'})]
-    done = ask(probe, {'tools': shapes.TOOLS, 'tool_results': [
+    done = probe.send({'tools': shapes.TOOLS, 'tool_results': [
         {'id': info['tool_calls'][0]['id'], 'content': shapes.POINTED}]})
     assert done['error'] is None and done['text'] == shapes.AFTER_POINTING, done
     assert done['cached_tokens'] >= info['prompt_tokens'] // 16 * 16 > 0, (info, done)

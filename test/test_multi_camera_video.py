@@ -11,7 +11,6 @@ on the same content: each frame introduced by its camera's name, in the listed o
 ~1-2 min on 2 busy cores.
 """
 
-import json
 import subprocess
 import sys
 import time
@@ -26,14 +25,13 @@ from _ros_harness import (  # noqa: E402
     RELIABLE,
     START_TIMEOUT,
     SYSTEM,
-    Probe,
+    JsonProbe,
     memory_mb,
     ros_env,
     start_node,
     stop,
 )
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
 
 from orin_llm_node.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from orin_llm_node.ros.cameras.blind_camera import BLIND_AFTER_S  # noqa: E402
@@ -89,7 +87,6 @@ class Cameras:
         self.pubs = {name: probe.node.create_publisher(Image, f'{NS}/{name}', RELIABLE)
                      for name in CAMERAS}
         self.sent = {}                  # frame_id -> (stamp_ns, rgb)
-        self.pub_json = probe.node.create_publisher(String, f'{NS}/prompt/json', RELIABLE)
 
     def now(self):
         return self.probe.node.get_clock().now().nanoseconds
@@ -100,19 +97,11 @@ class Cameras:
         self.sent[frame_id] = (stamp_ns, rgb)
         self.pubs[name].publish(msg)
 
-    def ask_json(self, envelope, timeout=60.0):
+    def ask_json(self, envelope):
         """Publish a ``prompt/json`` envelope; the ``response/info`` carrying its tag."""
-        probe, tag = self.probe, f'cams_{time.monotonic_ns()}'
-        probe.spin_until(lambda: self.pub_json.get_subscription_count() > 0, 20.0,
-                         'the prompt/json subscription')
-        n_info = len(probe.infos)
-        self.pub_json.publish(String(data=json.dumps({**envelope, 'tag': tag})))
-
-        def mine():
-            return [i for i in probe.infos[n_info:] if i.get('tag') == tag]
-
-        probe.spin_until(mine, timeout, f'response/info tagged {tag}')
-        return mine()[0]
+        self.probe.spin_until(lambda: self.probe.pub_json.get_subscription_count() > 0, 20.0,
+                              'the prompt/json subscription')
+        return self.probe.send(envelope)
 
     def fill_rings(self, rate_hz, frames):
         """Stream ``frames`` until both video rings are full (as /diagnostics counts them).
@@ -142,7 +131,7 @@ class Cameras:
 
 @pytest.fixture(scope='module')
 def cams(node):
-    p = Probe(NS)
+    p = JsonProbe(NS, tag_prefix='cams_', timeout=60.0)
     try:
         p.spin_until(lambda: p.ready or node.poll() is not None, START_TIMEOUT, 'ready')
         assert node.poll() is None, 'node died:\n' + node.log_path.read_text()[-3000:]

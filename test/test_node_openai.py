@@ -11,7 +11,6 @@ with ``finish_reason: error`` and a one-line reason, and the node answers again 
 configure refuses a server that does not answer or does not serve the model.
 """
 
-import json
 from pathlib import Path
 import time
 
@@ -21,9 +20,8 @@ rclpy = pytest.importorskip('rclpy')
 pytest.importorskip('httpx')
 pytest.importorskip('fastapi')
 
-from _ros_harness import RELIABLE, START_TIMEOUT, Probe, start_node, stop  # noqa: E402
+from _ros_harness import START_TIMEOUT, JsonProbe, start_node, stop  # noqa: E402
 from serve_support import Server, free_port  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
 
 from orin_llm_node.testing import shapes  # noqa: E402
 
@@ -42,31 +40,11 @@ COMPARED = ('text', 'finish_reason', 'error', 'generated_tokens', 'prompt_tokens
             'cached_tokens', 'valid', 'json')
 
 
-class NodeProbe(Probe):
-    """A Probe with a ``prompt/json`` publisher; every envelope is matched by its tag."""
+class NodeProbe(JsonProbe):
+    """A JsonProbe that also reads the node's ``backend`` diagnostics status."""
 
     def __init__(self, ns):
-        super().__init__(ns)
-        self.pub_json = self.node.create_publisher(String, f'{ns}/prompt/json', RELIABLE)
-        self.sent = 0
-
-    def publish(self, envelope):
-        """Publish ``envelope`` with a fresh tag; returns the tag."""
-        self.sent += 1
-        tag = f't{self.sent}'
-        self.pub_json.publish(String(data=json.dumps({**envelope, 'tag': tag})))
-        return tag
-
-    def infos_of(self, tag):
-        return [i for i in self.infos if i.get('tag') == tag]
-
-    def wait_info(self, tag, timeout=TIMEOUT):
-        """The one ``response/info`` of ``tag`` (and that no second one follows soon)."""
-        self.spin_until(lambda: self.infos_of(tag), timeout, f'response/info of {tag}')
-        return self.infos_of(tag)[0]
-
-    def send(self, envelope, timeout=TIMEOUT):
-        return self.wait_info(self.publish(envelope), timeout)
+        super().__init__(ns, timeout=TIMEOUT)
 
     def backend_status(self):
         return self.diag.get('orin_llm: backend', (None, '', {}))
@@ -82,14 +60,7 @@ def _connect(proc, ns):
                      and p.pub_image.get_subscription_count() > 0
                      and p.node.count_publishers(f'{ns}/response/info') > 0,
                      30.0, "the node's subscriptions and publishers")
-        # Until an answer comes back the info subscription may not be matched: a refused
-        # envelope (nothing generated) until one does.
-        for _ in range(10):
-            p.pub_json.publish(String(data='{"tag": "hello"}'))
-            p.spin_for(1.0)
-            if any(i.get('tag') == 'hello' for i in p.infos):
-                break
-        assert any(i.get('tag') == 'hello' for i in p.infos), 'response/info never matched'
+        assert p.hello(period_s=1.0), 'response/info never matched'
     except BaseException:
         p.close()
         raise
@@ -163,14 +134,6 @@ def test_openai_backend_answers_as_the_local_engine(which, make_ckpt, tmp_path):
         stop(local)
         stop(remote)
         server.stop()
-
-
-@pytest.fixture(scope='module')
-def server(tiny_ckpt, tmp_path_factory):
-    srv = Server(tiny_ckpt, tmp_path_factory.mktemp('serve') / 'serve.log',
-                 '--max-model-len', '8192').start()
-    yield srv
-    srv.stop()
 
 
 def _one_failure(info, *words):
@@ -254,8 +217,8 @@ def test_every_server_failure_is_one_info_per_prompt_and_the_node_lives_on(tiny_
 
 
 @pytest.mark.parametrize('case', ['never started', 'wrong model'])
-def test_configure_refuses_a_server_that_cannot_answer(case, server, tiny_ckpt, tmp_path):
-    url = f'http://127.0.0.1:{free_port()}/v1' if case == 'never started' else server.url
+def test_configure_refuses_a_server_that_cannot_answer(case, tiny_server, tiny_ckpt, tmp_path):
+    url = f'http://127.0.0.1:{free_port()}/v1' if case == 'never started' else tiny_server.url
     model = tiny_ckpt.name if case == 'never started' else 'no-such-model'
     node = start_node(tiny_ckpt, '/llm_oa_refused', tmp_path,
                       *_openai_params(url, model, 'backend_connect_timeout_s:=2.0'))

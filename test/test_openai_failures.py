@@ -38,14 +38,6 @@ def _one_error(result, *words):
     assert result.token_ids is None
 
 
-@pytest.fixture(scope='module')
-def server(tiny_ckpt, tmp_path_factory):
-    srv = Server(tiny_ckpt, tmp_path_factory.mktemp('serve') / 'serve.log',
-                 '--max-model-len', '8192').start()
-    yield srv
-    srv.stop()
-
-
 def test_a_server_that_was_never_started(tiny_ckpt):
     backend = _backend(f'http://127.0.0.1:{free_port()}/v1', retries=2)
     with pytest.raises(BackendUnavailable, match='did not answer'):
@@ -62,8 +54,8 @@ def test_a_server_that_was_never_started(tiny_ckpt):
     assert stats.last_error == results[-1].error
 
 
-def test_a_server_that_serves_another_model(server):
-    backend = _backend(server.url, model='no-such-model')
+def test_a_server_that_serves_another_model(tiny_server):
+    backend = _backend(tiny_server.url, model='no-such-model')
     with pytest.raises(BackendUnavailable, match="does not serve model 'no-such-model'"):
         backend.check()
     result = backend.chat(backend.new_conversation(), 'Hello?', sampling=SHORT)
@@ -133,10 +125,10 @@ def test_a_server_killed_mid_answer_then_restarted(tiny_ckpt, tmp_path):
         srv.stop()
 
 
-def test_a_frozen_server_ends_the_answer_at_the_read_timeout(server):
-    backend = _backend(server.url, read_timeout_s=2.0, retries=2)
+def test_a_frozen_server_ends_the_answer_at_the_read_timeout(tiny_server):
+    backend = _backend(tiny_server.url, read_timeout_s=2.0, retries=2)
     conv = backend.new_conversation()
-    server.freeze()
+    tiny_server.freeze()
     try:
         t0 = time.monotonic()
         result = backend.chat(conv, 'Hello?', sampling=SHORT)
@@ -150,20 +142,20 @@ def test_a_frozen_server_ends_the_answer_at_the_read_timeout(server):
         assert time.monotonic() - t0 < 1.5
         assert conv.num_turns == 1     # a timed-out answer is kept, as the engine keeps it
     finally:
-        server.thaw()
+        tiny_server.thaw()
     assert backend.chat(conv, 'Hello again.', sampling=SHORT).error is None
 
 
-def test_request_timeout_bounds_a_whole_answer(server):
-    backend = _backend(server.url, request_timeout_s=1.0)
+def test_request_timeout_bounds_a_whole_answer(tiny_server):
+    backend = _backend(tiny_server.url, request_timeout_s=1.0)
     t0 = time.monotonic()
     result = backend.chat(backend.new_conversation(), 'Talk.', sampling=LONG)
     _one_error(result, 'request_timeout_s')
     assert time.monotonic() - t0 < 3
 
 
-def test_cancel_ends_the_answer_and_keeps_its_text(server):
-    backend = _backend(server.url)
+def test_cancel_ends_the_answer_and_keeps_its_text(tiny_server):
+    backend = _backend(tiny_server.url)
     conv = backend.new_conversation()
     result, after = _first_delta_then(
         backend, conv, LONG, lambda: threading.Thread(target=backend.cancel).start())
@@ -172,8 +164,8 @@ def test_cancel_ends_the_answer_and_keeps_its_text(server):
     assert conv.messages()[-1] == {'role': 'assistant', 'content': result.text}
 
 
-def test_reset_forgets_one_or_every_conversation(server):
-    backend = _backend(server.url)
+def test_reset_forgets_one_or_every_conversation(tiny_server):
+    backend = _backend(tiny_server.url)
     a, b = backend.new_conversation('You are a robot.'), backend.new_conversation()
     for conv in (a, b, a):
         assert backend.chat(conv, 'Hello?', sampling=SHORT).error is None

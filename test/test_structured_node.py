@@ -23,7 +23,7 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
-from _ros_harness import RELIABLE, Probe, connect, ros_env, start_node, stop  # noqa: E402
+from _ros_harness import RELIABLE, JsonProbe, connect, ros_env, start_node, stop  # noqa: E402
 from _structured_cases import (  # noqa: E402
     DEAD_AFTER_KEY,
     FORCED_VISION,
@@ -44,40 +44,30 @@ NUMBERS_NS = '/llm_json_numbers'
 TIMEOUT = 60.0
 
 
-class EnvelopeProbe(Probe):
-    """A Probe with a ``prompt/json`` publisher; answers are matched by their tag."""
+class EnvelopeProbe(JsonProbe):
+    """A JsonProbe that also keeps ``response/info`` as published, and sends raw text."""
 
     def __init__(self, ns):
-        super().__init__(ns)
+        super().__init__(ns, timeout=TIMEOUT)
         self.raw_infos = []  # response/info as published (the Probe's infos are parsed)
         self.node.create_subscription(String, f'{ns}/response/info',
                                       lambda m: self.raw_infos.append(m.data), RELIABLE)
-        self.pub_json = self.node.create_publisher(String, f'{ns}/prompt/json', RELIABLE)
         self.spin_until(lambda: self.pub_json.get_subscription_count() > 0, 20.0,
                         'the prompt/json subscription')
-        # Until a refusal comes back, response/info may not be matched yet: say hello (a
-        # refused envelope, nothing generated) until one does.
-        for _ in range(10):
-            self.pub_json.publish(String(data='{"tag": "hello"}'))
-            self.spin_for(2.0)
-            if any(i.get('tag') == 'hello' for i in self.infos):
-                break
-        self.sent = 0
+        self.hello()
 
     def send(self, envelope, raw=None):
         """Publish an envelope (or ``raw`` text); the response/info that carries its tag."""
-        self.sent += 1
-        tag = f't{self.sent}'
         if raw is None:
-            envelope = {**envelope, 'tag': tag}
+            return super().send(envelope)
+        self.sent += 1
         n_info = len(self.infos)
-        self.pub_json.publish(String(data=raw if raw is not None else json.dumps(envelope)))
+        self.pub_json.publish(String(data=raw))
 
         def mine():
-            return [i for i in self.infos[n_info:] if i.get('tag') != 'hello' and (
-                raw is not None or i.get('tag') == tag)]
+            return [i for i in self.infos[n_info:] if i.get('tag') != 'hello']
 
-        self.spin_until(mine, TIMEOUT, f'response/info for {tag}')
+        self.spin_until(mine, TIMEOUT, f'response/info for raw request {self.sent}')
         return mine()[0]
 
     def raw_info(self, tag):

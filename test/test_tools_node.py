@@ -15,7 +15,6 @@ from fractions import Fraction
 import json
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -25,14 +24,13 @@ rclpy = pytest.importorskip('rclpy')
 from _ros_harness import (  # noqa: E402
     RELIABLE,
     START_TIMEOUT,
-    Probe,
+    JsonProbe,
     ros_env,
     start_node,
     stop,
 )
 from rcl_interfaces.srv import GetParameters  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -59,13 +57,12 @@ def node(tiny_ckpt, tmp_path_factory):
 
 
 class Robot:
-    """The probe, one reliable Image publisher per camera and a prompt/json publisher."""
+    """The probe (a JsonProbe) and one reliable Image publisher per camera."""
 
     def __init__(self, probe):
         self.probe = probe
         self.pubs = {name: probe.node.create_publisher(Image, f'{NS}/{name}', RELIABLE)
                      for name in CAMERAS}
-        self.pub_json = probe.node.create_publisher(String, f'{NS}/prompt/json', RELIABLE)
         self.get_client = probe.node.create_client(GetParameters, f'{NS}/orin_llm/get_parameters')
         self.sent = {}                  # camera -> (frame_id, stamp_ns)
 
@@ -80,17 +77,9 @@ class Robot:
             self.pubs[name].publish(msg)
         self.probe.spin_for(0.5)
 
-    def ask(self, envelope, timeout=120.0):
+    def ask(self, envelope):
         """Publish an envelope with a fresh tag; the ``response/info`` carrying it."""
-        probe, tag = self.probe, f'tools_{time.monotonic_ns()}'
-        n_info = len(probe.infos)
-        self.pub_json.publish(String(data=json.dumps({**envelope, 'tag': tag})))
-
-        def mine():
-            return [i for i in probe.infos[n_info:] if i.get('tag') == tag]
-
-        probe.spin_until(mine, timeout, f'response/info tagged {tag}')
-        return mine()[0]
+        return self.probe.send(envelope)
 
     def parameter(self, name):
         request = GetParameters.Request(names=[name])
@@ -99,21 +88,16 @@ class Robot:
 
 @pytest.fixture(scope='module')
 def robot(node):
-    p = Probe(NS)
+    p = JsonProbe(NS, tag_prefix='tools_', timeout=120.0)
     try:
         p.spin_until(lambda: p.ready or node.poll() is not None, START_TIMEOUT, 'ready')
         assert node.poll() is None, 'node died:\n' + node.log_path.read_text()[-3000:]
         r = Robot(p)
-        p.spin_until(lambda: r.pub_json.get_subscription_count() > 0 and all(
+        p.spin_until(lambda: p.pub_json.get_subscription_count() > 0 and all(
             pub.get_subscription_count() > 0 for pub in r.pubs.values()), 20.0,
             'the cameras and prompt/json subscribed')
         r.frames(0)
-        # Until a refusal comes back, response/info may not be matched yet.
-        for _ in range(10):
-            r.pub_json.publish(String(data='{"tag": "hello"}'))
-            p.spin_for(2.0)
-            if any(i.get('tag') == 'hello' for i in p.infos):
-                break
+        p.hello()
         yield r
     finally:
         p.close()

@@ -112,14 +112,6 @@ class Reference:
                              max_new_tokens=max_new_tokens, tools=tools)
 
 
-def iou(a, b) -> float:
-    """Intersection over union of two [x1, y1, x2, y2] boxes."""
-    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - w * h
-    return w * h / union if union > 0 else 0.0
-
-
 def box_score(text, scene) -> float:
     """IoU of a box answer (its first box, in the frame's pixels) with the shape's own box.
 
@@ -130,7 +122,8 @@ def box_score(text, scene) -> float:
         shape = scene.shapes[0]
         if box['label'] != f'{shape.colour} {shape.kind}':
             return 0.0
-        return iou(box_to_frame(box['bbox_2d'], scene.image.shape[:2]), shapes.shape_box(scene))
+        return shapes.iou(box_to_frame(box['bbox_2d'], scene.image.shape[:2]),
+                          shapes.shape_box(scene))
     except (ValueError, LookupError, TypeError):
         return 0.0
 

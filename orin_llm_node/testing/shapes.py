@@ -45,7 +45,7 @@ from orin_llm_node.processing.grounding import COORDINATE_RANGE, grounding_promp
 __all__ = [
     'AFTER_POINTING', 'COLOURS', 'COUNT_WORDS', 'FOLLOW_UPS', 'NO_IMAGE_ANSWER', 'POINTED',
     'QUESTIONS', 'ROBOT_SCHEMA', 'SHAPES', 'TOOLS', 'WHERE_PHRASE', 'Scene', 'Shape', 'Turn',
-    'answer', 'box_answer', 'corpus', 'draw_scene', 'json_answer', 'point_answer',
+    'answer', 'box_answer', 'corpus', 'draw_scene', 'iou', 'json_answer', 'point_answer',
     'random_conversation', 'random_scene', 'render_scene', 'shape_box', 'shape_index_map',
     'simple_scene',
 ]
@@ -296,6 +296,14 @@ def shape_box(scene: Scene) -> list[float]:
     height, width = scene.image.shape[:2]
     ys, xs = np.nonzero(shape_index_map(height, width, scene.shapes))
     return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+
+
+def iou(a, b) -> float:
+    """Intersection over union of two ``[x_min, y_min, x_max, y_max]`` boxes."""
+    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - w * h
+    return w * h / union if union > 0 else 0.0
 
 
 def box_answer(scene: Scene) -> str:
