@@ -15,6 +15,7 @@ within ``timeout_s`` or ``request_timeout_s``; the failed turn leaves no trace i
 
 from dataclasses import dataclass
 import itertools
+import json
 import math
 import threading
 import time
@@ -37,6 +38,7 @@ from orin_llm_node.engine.structured import parse_answer
 from orin_llm_node.engine.thread_guard import SingleThreadGuard
 from orin_llm_node.engine.turn import check_text
 from orin_llm_node.processing import ImageProcessor
+from orin_llm_node.valid_text import valid_text, valid_value
 
 __all__ = ['OpenAIBackend', 'RemoteConversation', 'RemoteResult']
 
@@ -44,6 +46,14 @@ _ids = itertools.count()
 
 #: How often a waiting answer looks at ``cancel()`` (seconds).
 _POLL_S = 0.05
+
+#: The largest ``GET /models`` answer read (bytes): a list of a few models is a kilobyte.
+MODELS_MAX_BYTES = 2**20
+#: The most characters an answer holds per token it may have (``max_tokens``): a real token
+#: is a few characters; a server sending megabytes in one chunk is cut there.
+MAX_TOKEN_CHARS = 256
+#: The longest model name kept from a server's chunks.
+MODEL_CHARS = 256
 
 #: The finish reasons a server may give that mean what ours mean (orin_llm_serve passes the
 #: engine's own through; OpenAI and vLLM give stop and length).
@@ -160,24 +170,32 @@ class OpenAIBackend:
         """Ask the server which models it serves; ``BackendUnavailable`` unless ours is one.
 
         Refused in one line: a server that does not answer within the connect and read
-        timeouts, an HTTP error (a wrong key: 401), an answer that is not a model list, a
-        list without ``model``. Returns the served model names.
+        timeouts, or whose whole answer takes longer than both together (a server dripping
+        bytes), an answer over :data:`MODELS_MAX_BYTES`, an HTTP error (a wrong key: 401), an
+        answer that is not a model list, a list without ``model``. Returns the served model
+        names.
         """
         import httpx
         url = f'{self.config.api_root}/models'
+        within = self.config.connect_timeout_s + self.config.read_timeout_s
         try:
-            response = self._client.get(url, headers=self._headers)
+            status, text = _bounded_get(self._client, url, self._headers, within)
         except httpx.HTTPError as exc:
             self._book.contact(False)
             raise BackendUnavailable(f'server {self.config.base_url} did not answer: '
                                      f'{one_line(exc) or type(exc).__name__}') from None
+        except _Unanswered as exc:
+            self._book.contact(exc.reached)
+            raise BackendUnavailable(f'server {self.config.base_url} {exc}') from None
         self._book.contact(True)
-        if response.status_code != 200:
-            raise BackendUnavailable(f'server {self.config.base_url}: '
-                                     f'{error_text(response.status_code, response.text)}')
+        if status != 200:
+            raise BackendUnavailable(f'server {self.config.base_url}: {error_text(status, text)}')
         try:
-            names = [m['id'] for m in response.json()['data']]
-        except (ValueError, KeyError, TypeError):
+            names = [m['id'] for m in json.loads(text, parse_constant=lambda name: None)['data']]
+            if not all(isinstance(name, str) for name in names):
+                raise TypeError
+            names = [valid_text(name) for name in names]
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise BackendUnavailable(f'server {self.config.base_url} answered GET /models '
                                      'with something that is not a model list') from None
         if self.config.model not in names:
@@ -281,7 +299,7 @@ class OpenAIBackend:
                 **body_fields(sampling)}
         if self.config.return_token_ids:
             body['return_token_ids'] = True
-        turn = _Turn(t0, prompt_images=[*conv.images(), *sent])
+        turn = _Turn(t0, prompt_images=[*conv.images(), *sent], max_tokens=sampling.max_tokens)
         backend_deadline = t0 + self.config.request_timeout_s
         answer_deadline = math.inf if sampling.timeout_s is None else t0 + sampling.timeout_s
         exchange = StreamExchange(self._client, f'{self.config.api_root}/chat/completions',
@@ -318,6 +336,10 @@ class OpenAIBackend:
         yield StreamEvent('', result=turn.result)
 
     def _on_event(self, turn, event):
+        # What a server sends is taken within bounds and made valid: the first choice only,
+        # nothing after its finish_reason, at most max_tokens tokens and MAX_TOKEN_CHARS
+        # characters per token asked for (a server that ignores max_tokens is cut there:
+        # finish_reason length), every string valid Unicode.
         kind, payload = event
         if kind == 'error':
             turn.fail(payload)
@@ -329,33 +351,50 @@ class OpenAIBackend:
                 turn.finish = turn.server_finish
             return
         turn.reached = True
-        turn.model = payload.get('model') or turn.model
-        if payload.get('prompt_token_ids') is not None:
-            turn.prompt_ids = list(payload['prompt_token_ids'])
+        model = payload.get('model')
+        if isinstance(model, str) and model.strip():
+            turn.model = one_line(model, MODEL_CHARS)
+        prompt_ids = _token_ids(payload.get('prompt_token_ids'))
+        if prompt_ids is not None:
+            turn.prompt_ids = prompt_ids
         usage = payload.get('usage')
         if isinstance(usage, dict):
             turn.usage = usage
-        for choice in payload.get('choices') or []:
-            delta = (choice.get('delta') or {}).get('content') or ''
-            ids = choice.get('token_ids')
-            if ids is None:
-                turn.all_ids = turn.all_ids and not delta   # text without its token ids
-            else:
-                turn.token_ids.extend(ids)
-            if delta or ids:
-                now = time.monotonic()
-                turn.t_first = turn.t_first or now
-                turn.t_last = now
-            reason = choice.get('finish_reason')
-            if reason is not None:
-                turn.server_finish = reason if reason in _KNOWN_FINISH else None
-                if turn.server_finish is None:
-                    turn.fail(f'the server ended the answer with finish_reason {reason!r}'
-                              + (f': {one_line(choice["error"], 160)}'
-                                 if choice.get('error') else ''))
-            if delta:
-                turn.text.append(delta)
-                yield StreamEvent(delta, ids[0] if ids and len(ids) == 1 else None)
+        choice = _first_choice(payload.get('choices'))
+        if choice is None or turn.server_finish is not None:
+            return                      # another choice's, or text after the answer's end
+        delta = choice.get('delta')
+        content = delta.get('content') if isinstance(delta, dict) else None
+        text = valid_text(content) if isinstance(content, str) else ''
+        ids = _token_ids(choice.get('token_ids'))
+        tokens = len(ids) if ids is not None else int(bool(text))
+        if turn.tokens + tokens > turn.max_tokens:
+            turn.finish = FinishReason.LENGTH       # the server went past max_tokens
+            return
+        room = turn.max_tokens * MAX_TOKEN_CHARS - turn.chars
+        if len(text) > room:
+            text, turn.finish = text[:room], FinishReason.LENGTH
+        turn.tokens += tokens
+        turn.chars += len(text)
+        if ids is None:
+            turn.all_ids = turn.all_ids and not text    # text without its token ids
+        else:
+            turn.token_ids.extend(ids)
+        if text or ids:
+            now = time.monotonic()
+            turn.t_first = turn.t_first or now
+            turn.t_last = now
+        reason = choice.get('finish_reason')
+        if reason is not None and turn.finish is None:
+            known = isinstance(reason, str) and reason in _KNOWN_FINISH
+            turn.server_finish = reason if known else ''
+            if not known:
+                turn.fail(f'the server ended the answer with finish_reason {reason!r}'
+                          + (f': {one_line(choice["error"], 160)}'
+                             if choice.get('error') else ''))
+        if text:
+            turn.text.append(text)
+            yield StreamEvent(text, ids[0] if ids and len(ids) == 1 else None)
 
     def _close_turn(self, conv, user, sent, turn, sampling, exchange):
         text = ''.join(turn.text)
@@ -364,13 +403,16 @@ class OpenAIBackend:
         if fmt is not None and turn.finish != FinishReason.ERROR:
             valid = turn.finish == FinishReason.STOP
             try:
-                parsed = parse_answer(fmt, text) if valid else None
+                # Its strings valid: a JSON escape such as "\\ud83d" parses to a lone surrogate.
+                parsed = valid_value(parse_answer(fmt, text)) if valid else None
             except ValueError as exc:
                 turn.fail(f"the server's answer is not valid JSON: {one_line(exc, 120)}")
                 valid = False
+        # A count is a count (NaN, a negative number, a string: unknown), never a failed answer.
         usage = turn.usage or {}
-        details = usage.get('prompt_tokens_details') or {}
-        completion = usage.get('completion_tokens')
+        details = usage.get('prompt_tokens_details')
+        details = details if isinstance(details, dict) else {}
+        completion = _count(usage.get('completion_tokens'))
         ids = (turn.token_ids if self.config.return_token_ids and turn.all_ids and turn.reached
                else None)
         count = completion if completion is not None else (len(ids) if ids is not None
@@ -381,10 +423,10 @@ class OpenAIBackend:
         turn.result = RemoteResult(
             text=text, token_ids=ids if error is None else None,
             prompt_token_ids=turn.prompt_ids, prompt_images=turn.prompt_images,
-            finish_reason=turn.finish, cached_tokens=details.get('cached_tokens'),
+            finish_reason=turn.finish, cached_tokens=_count(details.get('cached_tokens')),
             ttft_s=(turn.t_first - turn.t0) if turn.t_first else 0.0, decode_tok_s=tok_s,
             vision_s=None, error=error, valid=valid, parsed=parsed, model=turn.model,
-            prompt_tokens=usage.get('prompt_tokens'), completion_tokens=completion)
+            prompt_tokens=_count(usage.get('prompt_tokens')), completion_tokens=completion)
         if exchange.answered or error is not None:  # a cancel before any answer says nothing
             self._book.contact(exchange.answered, turn.model)
         if error is not None:
@@ -398,17 +440,19 @@ class OpenAIBackend:
 class _Turn:
     """Bookkeeping of the answer in progress."""
 
-    def __init__(self, t0: float, prompt_images: list[np.ndarray]):
-        self.t0, self.prompt_images = t0, prompt_images
+    def __init__(self, t0: float, prompt_images: list[np.ndarray], max_tokens: int):
+        self.t0, self.prompt_images, self.max_tokens = t0, prompt_images, max_tokens
         self.t_first = self.t_last = 0.0
         self.text: list[str] = []
+        self.chars = 0  # characters of text so far
+        self.tokens = 0  # tokens so far: their ids, else one per chunk with text
         self.token_ids: list[int] = []
         self.all_ids = True  # every chunk carried its token ids
         self.prompt_ids: list[int] | None = None
         self.usage: dict | None = None
         self.model: str | None = None
         self.reached = False  # the server sent at least one chunk
-        self.server_finish: str | None = None
+        self.server_finish: str | None = None  # '' for a reason we do not know
         self.finish: str | None = None
         self.error: str | None = None
         self.result: RemoteResult | None = None
@@ -418,3 +462,67 @@ class _Turn:
         if self.error is None:
             self.finish, self.error = FinishReason.ERROR, one_line(reason)
 
+
+def _first_choice(choices):
+    # The answer's choice: index 0 (one without an index counts as 0; the first such wins).
+    if not isinstance(choices, list):
+        return None
+    return next((c for c in choices if isinstance(c, dict) and c.get('index', 0) == 0), None)
+
+
+def _token_ids(value):
+    # A list of token ids, or None for anything else (a server's garbage is no count).
+    if isinstance(value, list) and all(_count(v) is not None for v in value):
+        return list(value)
+    return None
+
+
+def _count(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
+
+
+class _Unanswered(Exception):
+    # No usable answer to a bounded GET; str(err): what the server did (after its URL).
+
+    def __init__(self, text, reached):
+        super().__init__(text)
+        self.reached = reached
+
+
+def _bounded_get(client, url, headers, within_s):
+    # (status, text) of GET url, the whole answer within within_s seconds and MODELS_MAX_BYTES;
+    # _Unanswered if not, an httpx.HTTPError if unreachable.  On a thread of its own: a socket
+    # read cannot be given a deadline from outside, and a server may send one byte per read
+    # timeout for ever.  Past the deadline the response is closed under it (its read ends).
+    got, lock, response = {}, threading.Lock(), []
+
+    def fetch():
+        try:
+            with client.stream('GET', url, headers=headers) as answer:
+                with lock:
+                    response.append(answer)
+                body = bytearray()
+                for piece in answer.iter_bytes():
+                    body += piece
+                    if len(body) > MODELS_MAX_BYTES:
+                        got['error'] = _Unanswered(
+                            f'answered GET /models with more than {MODELS_MAX_BYTES} bytes: '
+                            'not a model list', True)
+                        return
+                got['answer'] = (answer.status_code, body.decode('utf-8', 'replace'))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            got['error'] = exc
+
+    thread = threading.Thread(target=fetch, name='openai_models', daemon=True)
+    thread.start()
+    thread.join(within_s)
+    if thread.is_alive():
+        with lock:
+            for answer in response:
+                answer.close()
+        raise _Unanswered(f'did not answer GET /models within {within_s:g} s (connect + read '
+                          'timeouts)', bool(response))
+    if 'error' in got:
+        raise got['error']
+    return got['answer']

@@ -7,14 +7,21 @@ Why a thread: a blocking read on a socket cannot be given a deadline from outsid
 caller waits on a queue with its own deadline and polls its cancel flag; ``close()`` shuts
 the response, which also tells the server the answer is no longer wanted (it stops
 generating). The thread retries what can be retried (no connection, 429, 5xx, all before any
-answer arrived) within the caller's deadline, and ends with exactly one final event.
+answer arrived) within the caller's deadline, and ends with exactly one final event. Each
+stream line is read within ``openai_wire.MAX_LINE_BYTES``.
 """
 
 import queue
 import threading
 import time
 
-from orin_llm_node.backends.openai_wire import error_text, one_line, sse_payload
+from orin_llm_node.backends.openai_wire import (
+    LineTooLong,
+    bounded_lines,
+    error_text,
+    one_line,
+    sse_payload,
+)
 
 __all__ = ['RETRY_STATUSES', 'StreamExchange']
 
@@ -109,7 +116,8 @@ class StreamExchange:
                     text = body[:_ERROR_BODY_BYTES].decode('utf-8', 'replace')
                     return (error_text(response.status_code, text),
                             response.status_code in RETRY_STATUSES)
-                for line in response.iter_lines():
+                # Lines bounded in size: a line that never ends is an error, not all memory.
+                for line in bounded_lines(response.iter_bytes()):
                     if self._stop.is_set():
                         return None, False
                     payload = sse_payload(line)
@@ -126,6 +134,8 @@ class StreamExchange:
                         return None, False
                     started = True
                     self._events.put(('chunk', payload))
+        except LineTooLong as exc:
+            return str(exc), False
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             return f'server unreachable: {one_line(exc) or type(exc).__name__}', True
         except httpx.TimeoutException:

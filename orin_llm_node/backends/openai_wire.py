@@ -3,27 +3,66 @@
 """The OpenAI chat-completions wire format, both ways: request bodies, SSE lines, error texts.
 
 Pure functions over plain values (no HTTP, no threads): the backend builds its requests with
-them, and ``orin_llm_serve`` reads the same shapes.
+them, and ``orin_llm_serve`` reads the same shapes.  What a server sends is read within bounds
+(:data:`MAX_LINE_BYTES` per stream line) and its text made valid Unicode (valid_text.py).
 """
 
 import base64
 import io
 import json
+import re
 
 import numpy as np
 from PIL import Image
 
-__all__ = ['REASON_CHARS', 'body_fields', 'error_text', 'image_data_url', 'one_line',
-           'sse_payload', 'user_content']
+from orin_llm_node.valid_text import valid_text
+
+__all__ = ['MAX_LINE_BYTES', 'REASON_CHARS', 'LineTooLong', 'body_fields', 'bounded_lines',
+           'error_text', 'image_data_url', 'one_line', 'sse_payload', 'user_content']
 
 #: The longest reason a failure carries (one line, whatever the server sent).
 REASON_CHARS = 240
+#: The longest server-sent-event line read (bytes). One line is one JSON chunk: a few hundred
+#: bytes of text, or a long prompt's token ids (``return_token_ids``: 256k tokens in ~2 MB).
+MAX_LINE_BYTES = 4 * 2**20
+
+_LINE_END = re.compile(rb'\r\n|\r|\n')
+
+
+class LineTooLong(ValueError):
+    """A server sent a stream line longer than :data:`MAX_LINE_BYTES`."""
 
 
 def one_line(text, limit: int = REASON_CHARS) -> str:
-    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters."""
-    flat = ' '.join(str(text).split())
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters.
+
+    Valid Unicode: a server's lone surrogate is U+FFFD (it could not be published).
+    """
+    flat = valid_text(' '.join(str(text).split()))
     return flat if len(flat) <= limit else flat[:limit - 3] + '...'
+
+
+def bounded_lines(chunks, limit: int = MAX_LINE_BYTES):
+    """The lines (str, invalid UTF-8 replaced) of a stream of byte ``chunks``.
+
+    Line ends as server-sent events have them (CRLF, LF or CR). :class:`LineTooLong` as soon
+    as ``limit`` bytes arrived without a line end, so a line that never ends costs no more.
+    """
+    buf = bytearray()
+    for chunk in chunks:
+        searched = max(len(buf) - 1, 0)     # a CR kept at the end may be half of a CRLF
+        buf += chunk
+        start = 0
+        for end in _LINE_END.finditer(buf, searched):
+            if end.group() == b'\r' and end.end() == len(buf):
+                break                       # wait for the next chunk: CR or CRLF?
+            yield buf[start:end.start()].decode('utf-8', 'replace')
+            start = end.end()
+        del buf[:start]
+        if len(buf) > limit:
+            raise LineTooLong(f'the server sent a stream line longer than {limit} bytes')
+    if buf:
+        yield buf.decode('utf-8', 'replace')
 
 
 def image_data_url(rgb: np.ndarray) -> str:
@@ -76,7 +115,8 @@ def body_fields(sampling) -> dict:
 def sse_payload(line: str):
     """The ``data`` of one server-sent-event line: a dict, ``'[DONE]'``, or None (no data).
 
-    ``ValueError`` for a data line that is not JSON.
+    ``ValueError`` for a data line that is not JSON. ``NaN`` / ``Infinity`` (not JSON, but
+    Python's parser takes them) are read as null: no count the server sent can be one.
     """
     if not line.startswith('data:'):
         return None              # comments (':'), event names, ids, blank separators
@@ -84,7 +124,7 @@ def sse_payload(line: str):
     if data == '[DONE]':
         return data
     try:
-        value = json.loads(data)
+        value = json.loads(data, parse_constant=lambda name: None)
     except ValueError:
         raise ValueError(f'the server sent a stream line that is not JSON: '
                          f'{one_line(data, 80)!r}') from None
