@@ -52,6 +52,22 @@ def topic_names_problem(names):
     return None
 
 
+# The parameters that hold JSON text, each with an example.  ros2 param set and params files
+# read a value as YAML, where an unquoted {...} is a mapping (ros2cli fails on it; a params
+# file makes it nested parameters) and [...] a list: the JSON must be a quoted YAML string.
+JSON_TEXT_EXAMPLES = {'response_format': '{"type": "json_object"}',
+                      'tools': '[{"name": "stop", "description": "Stop the arm."}]'}
+
+
+def quoting_hint(name):
+    """How to give JSON-text parameter ``name`` from a shell and in a params file (one line)."""
+    example = JSON_TEXT_EXAMPLES[name]
+    shell = example.replace('"', '\\"')
+    return (f"{name} is JSON text, and ros2 param set and params files read a value as YAML: "
+            f"quote it as a YAML string, e.g. ros2 param set <node> {name} \"'{shell}'\" or, in "
+            f"a params file, {name}: '{example}'")
+
+
 def one_line(exc):
     """A refusal's reason (an exception) on one line, cut to REASON_CHARS."""
     return clip(' '.join(str(exc).split()), REASON_CHARS)
@@ -79,8 +95,11 @@ def response_format_problem(v):
     from orin_llm_node.engine.structured import check_grammar, check_response_format
     try:
         fmt = json_value(v)
-        if fmt is not None and not isinstance(fmt, dict):
-            return 'must be a JSON object'
+    except ValueError as exc:           # e.g. {type: json_object}: YAML's quotes went
+        return f'{one_line(exc)}; {quoting_hint("response_format")}'
+    if fmt is not None and not isinstance(fmt, dict):
+        return f'must be a JSON object; {quoting_hint("response_format")}'
+    try:
         fmt = check_response_format(fmt)
         if fmt is not None:
             check_grammar(fmt)
@@ -97,7 +116,14 @@ def tools_problem(v):
         return f'is too long ({len(v)} characters, limit {MAX_TOOLS_CHARS})'
     from orin_llm_node.engine.tool_calls import check_tool_schemas
     try:
-        check_tool_schemas(json_value(v))
+        tools = json_value(v)
+    except ValueError as exc:
+        return f'{one_line(exc)}; {quoting_hint("tools")}'
+    if tools is not None and not isinstance(tools, list):
+        return (f'tools must be a list of function definitions (JSON), got '
+                f'{type(tools).__name__}; {quoting_hint("tools")}')
+    try:
+        check_tool_schemas(tools)
     except ValueError as exc:
         return one_line(exc)
     return None

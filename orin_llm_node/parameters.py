@@ -227,6 +227,9 @@ PARAMETERS = (
           choices=('auto', 'best_effort', 'reliable')),
     Param('image_max_age_s', 2.0, 'a prompt uses the newest image only if it is at most this old',
           constraints='> 0.0', bounds=Range(0.0, low_open=True, allow_inf=True)),
+    Param('image_wait_s', 0.5, 'a prompt/json request with image_stamp waits at most this long '
+          "for each camera's frame stamped at or after it (README: which frame a prompt gets)",
+          runtime=True, constraints='[0, 5]', bounds=Range(0.0, 5.0)),
     Param('image_topics', ['image'], 'camera names: each gets NAME (Image) and NAME/compressed '
           'subscriptions; a prompt pairs with one frame per camera, in this order, each '
           'introduced by its name (README: "Several cameras")', topic_names_problem,
@@ -301,13 +304,25 @@ def check_parameter(name, value):
     return None if reason is None else f"parameter '{name}' = {_shown(value)}: {reason}"
 
 
+def _system_turn(engine, values):
+    # The system prompt with the tools rendered beside it (a conversation's system turn) must
+    # leave room for a turn: a change of either is judged with the other as it is.
+    tools = tools_value(values['tools']) or None
+    if tools is None:
+        engine.check_system_prompt(values['system_prompt'] or None)
+    else:
+        engine.check_tools(tools, system_prompt=values['system_prompt'] or None)
+
+
 # The run-time parameters only a loaded engine can judge, and its check of each (both safe
-# from any thread): the system prompt against the template and the pool, the response format's
-# grammar compiled against the checkpoint's vocabulary, as an answer compiles it.
+# from any thread): the system turn (system prompt and tools) against the template, the
+# context and the pool, the response format's grammar and each tool's schema compiled against
+# the checkpoint's vocabulary, as an answer compiles them.
 _LOADED_CHECKS = {
-    'system_prompt': lambda engine, v: engine.check_system_prompt(v or None),
-    'response_format': lambda engine, v: engine.check_response_format(response_format(v)),
-    'tools': lambda engine, v: engine.check_tools(tools_value(v)),
+    'system_prompt': _system_turn,
+    'response_format': lambda engine, values: engine.check_response_format(
+        response_format(values['response_format'])),
+    'tools': _system_turn,
 }
 LOADED_CHECKS = tuple(_LOADED_CHECKS)
 
@@ -315,13 +330,14 @@ LOADED_CHECKS = tuple(_LOADED_CHECKS)
 def check_loaded(engine, values, names=LOADED_CHECKS):
     """``ParameterError`` naming the first of ``names`` the loaded ``engine`` cannot run with.
 
-    ``values``: name -> value (at least ``names``); names without such a check are skipped.
+    ``values``: every parameter's value (name -> value); names without such a check are
+    skipped.
     """
     for name in names:
         if name not in _LOADED_CHECKS:
             continue
         try:
-            _LOADED_CHECKS[name](engine, values[name])
+            _LOADED_CHECKS[name](engine, values)
         except ValueError as exc:
             raise ParameterError(f"parameter '{name}' = {_shown(values[name])}: {one_line(exc)}"
                                  ) from None

@@ -68,7 +68,7 @@ def test_the_backend_config_comes_from_the_table(tiny_ckpt):
 
 
 def _statuses(monitor, now, stats):
-    out = monitor.statuses(now, None, NodeFacts(state='ready'), backend_stats=stats)
+    out = monitor.statuses(now, None, NodeFacts(state='active'), backend_stats=stats)
     assert [s.name for s in out] == ['orin_llm: generation', 'orin_llm: backend']
     return out[1]
 

@@ -36,7 +36,7 @@ def test_pool_status_has_every_key_of_the_design():
 
 
 def test_generation_status_has_every_key_of_the_design():
-    info = NodeFacts(state='ready', device='cpu', dtype='float32', last_ttft_ms=12.5,
+    info = NodeFacts(state='active', device='cpu', dtype='float32', last_ttft_ms=12.5,
                           last_finish_reason='stop', requests=3)
     status = diag.generation_status(info, {})
     values = _values(status)
@@ -48,7 +48,7 @@ def test_generation_status_has_every_key_of_the_design():
 
 def test_attention_backend_fallback_is_reported_with_its_reason():
     """attention_backend auto fell back on a GPU: the robot runs, slowly; WARN says why."""
-    info = NodeFacts(state='ready', device='cuda:0', attention_backend='cuda')
+    info = NodeFacts(state='active', device='cuda:0', attention_backend='cuda')
     values = _values(diag.generation_status(info, {}))
     assert values['attention_backend'] == 'cuda' and values['backend_fallback_reason'] == ''
     info.update(attention_backend='torch',
@@ -70,7 +70,7 @@ def test_levels():
     assert diag.level_of(err) == ERROR and '2 prompt(s) rejected' in err.message
     failed = diag.generation_status(NodeFacts(state='failed', detail='boom'), {})
     assert diag.level_of(failed) == ERROR and 'boom' in failed.message
-    warn = diag.generation_status(NodeFacts(state='ready'), {'errors': 1})
+    warn = diag.generation_status(NodeFacts(state='active'), {'errors': 1})
     assert diag.level_of(warn) == WARN
 
 
@@ -80,7 +80,7 @@ def _levels(statuses):
 
 def test_monitor_publishes_periodically_and_at_once_on_a_level_change():
     mon = DiagnosticsMonitor(period_s=1.0, warn_fraction=0.9)
-    info = NodeFacts(state='ready')
+    info = NodeFacts(state='active')
     stats = _stats()
     assert mon.update(0.0, stats, info) is not None          # first call: publish
     assert mon.update(0.5, stats, info) is None              # nothing changed, not due
@@ -102,7 +102,7 @@ def test_monitor_publishes_periodically_and_at_once_on_a_level_change():
 
 def test_monitor_counts_only_growth_seen_within_the_period():
     mon = DiagnosticsMonitor(period_s=2.0, warn_fraction=0.9)
-    info = NodeFacts(state='ready')
+    info = NodeFacts(state='active')
     mon.update(0.0, _stats(evictions=5), info)               # old evictions: baseline
     assert _levels(mon.statuses(0.1, _stats(evictions=5), info)) == [OK, OK]
     assert _levels(mon.statuses(0.2, _stats(evictions=7), info))[0] == WARN
@@ -124,7 +124,7 @@ def test_generation_info_never_loses_an_update_between_threads():
     import sys
     import threading
 
-    info = NodeFacts(state='ready')
+    info = NodeFacts(state='active')
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:

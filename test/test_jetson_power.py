@@ -86,7 +86,7 @@ def test_platform_status_in_diagnostics(tmp_path):
     root = agx_orin(tmp_path)
     monitor = DiagnosticsMonitor(period_s=1.0, warn_fraction=0.9,
                                  power_reader=lambda: read_power_state(root))
-    statuses = monitor.update(0.0, None, NodeFacts(state='ready'), force=True)
+    statuses = monitor.update(0.0, None, NodeFacts(state='active'), force=True)
     platform = [s for s in statuses if s.name == 'orin_llm: platform']
     assert len(platform) == 1 and level_of(platform[0]) == OK
     values = {kv.key: kv.value for kv in platform[0].values}
@@ -97,5 +97,5 @@ def test_platform_status_in_diagnostics(tmp_path):
     # Not a Jetson: no platform status at all.
     bare = DiagnosticsMonitor(period_s=1.0, warn_fraction=0.9,
                               power_reader=lambda: read_power_state(tmp_path / 'none'))
-    names = [s.name for s in bare.update(0.0, None, NodeFacts(state='ready'), force=True)]
+    names = [s.name for s in bare.update(0.0, None, NodeFacts(state='active'), force=True)]
     assert names == ['orin_llm: generation']

@@ -148,6 +148,9 @@ def _alive(probe, proc):
     info = probe.send({'prompt': 'Still there?'})
     assert info['finish_reason'] == 'length' and info['error'] is None, info
     assert proc.poll() is None
+    # Its last deltas travel apart from its response/info: all in before the next answer's.
+    probe.spin_until(lambda: ''.join(probe.deltas).endswith(info['text']), 20.0,
+                     'the answer streamed')
 
 
 def test_every_server_failure_is_one_info_per_prompt_and_the_node_lives_on(tiny_ckpt,

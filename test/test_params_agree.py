@@ -119,7 +119,7 @@ def test_declared_parameters_match(make_node):
         assert declared[name].value == spec.default
     assert set(parameters.RUNTIME_PARAMETERS) == {
         'max_new_tokens', 'temperature', 'top_p', 'top_k', 'seed', 'system_prompt',
-        'video_window_s', 'response_format', 'tools'}
+        'video_window_s', 'response_format', 'tools', 'image_wait_s'}
     assert node.params['image_topics'] == ['image']
 
 

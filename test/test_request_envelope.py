@@ -9,7 +9,14 @@ import json
 
 import pytest
 
-from orin_llm_node.ros.request_envelope import KEYS, EnvelopeError, parse_envelope
+from orin_llm_node.parameters import MAX_PROMPT_CHARS
+from orin_llm_node.ros.request_envelope import (
+    KEYS,
+    MAX_TAG_SCAN_CHARS,
+    EnvelopeError,
+    parse_envelope,
+    stamp_ns,
+)
 
 SCHEMA = {'type': 'object', 'properties': {'colour': {'enum': ['red', 'blue']}},
           'required': ['colour'], 'additionalProperties': False}
@@ -23,8 +30,22 @@ def test_a_full_envelope_is_taken_as_it_is():
     assert parse_envelope(json.dumps(env)) == env
     assert parse_envelope('{"prompt": "hi"}') == {'prompt': 'hi'}
     # The table lists every key the README documents (the tool and grounding keys, which
-    # do not go with response_format: test_tool_requests.py).
-    assert set(KEYS) == set(env) | {'tools', 'tool_choice', 'tool_results', 'detect'}
+    # do not go with response_format: test_tool_requests.py; image_stamp, not with video_s).
+    assert set(KEYS) == set(env) | {'tools', 'tool_choice', 'tool_results', 'detect',
+                                    'image_stamp'}
+
+
+def test_image_stamp_is_a_header_stamp_for_single_frames():
+    env = {'prompt': 'x', 'image_stamp': {'sec': 1_700_000_000, 'nanosec': 999_999_999}}
+    assert parse_envelope(json.dumps(env)) == env
+    assert stamp_ns(env) == 1_700_000_000_999_999_999 and stamp_ns({'prompt': 'x'}) is None
+    for bad in ({'sec': 1}, {'sec': 1, 'nanosec': 10**9}, {'sec': -1, 'nanosec': 0},
+                {'sec': 1.5, 'nanosec': 0}, {'sec': True, 'nanosec': 0}, 17,
+                {'sec': 1, 'nanosec': 0, 'x': 1}):
+        with pytest.raises(EnvelopeError, match='image_stamp must be a header stamp'):
+            parse_envelope(json.dumps({'prompt': 'x', 'image_stamp': bad}))
+    with pytest.raises(EnvelopeError, match='image_stamp pairs single frames'):
+        parse_envelope(json.dumps({**env, 'video_s': 2}))
 
 
 @pytest.mark.parametrize(('text', 'reason', 'tag'), [
@@ -134,11 +155,56 @@ def test_a_tag_that_cannot_be_published_is_not_echoed():
     assert err.value.tag is None and 'tag must be valid Unicode' in str(err.value)
 
 
-def test_a_request_longer_than_the_limit_is_refused_before_it_is_parsed():
-    text = json.dumps({'prompt': 'x' * 100_001})
+def test_a_request_longer_than_the_limit_is_refused_with_its_tag():
+    text = json.dumps({'prompt': 'x' * 100_001, 'tag': 'big-1'})
     with pytest.raises(EnvelopeError) as err:
         parse_envelope(text)
     assert str(err.value) == f'request of {len(text)} characters rejected (limit 100000)'
+    assert err.value.tag == 'big-1'
+    # Beyond the scan bound, or not JSON at all: refused, no tag.
+    for text in (json.dumps({'prompt': 'x' * MAX_TAG_SCAN_CHARS, 'tag': 'huge'}),
+                 '{"tag": "t", "prompt": "' + 'x' * 100_001):
+        with pytest.raises(EnvelopeError) as err:
+            parse_envelope(text)
+        assert err.value.tag is None and 'rejected (limit 100000)' in str(err.value)
+
+
+def test_the_length_limit_is_exactly_the_documented_one():
+    head = '{"prompt": "'
+    exact = head + 'x' * (MAX_PROMPT_CHARS - len(head) - 2) + '"}'
+    assert len(exact) == MAX_PROMPT_CHARS == 100_000
+    assert parse_envelope(exact)['prompt'].startswith('xxx')
+    over = head + 'x' * (MAX_PROMPT_CHARS - len(head) - 1) + '"}'
+    with pytest.raises(EnvelopeError, match=r'^request of 100001 characters rejected'):
+        parse_envelope(over)
+
+
+@pytest.mark.parametrize('value', ['new', 'continue'])
+def test_conversation_takes_new_and_continue(value):
+    assert parse_envelope(json.dumps({'prompt': 'x', 'conversation': value}))[
+        'conversation'] == value
+
+
+@pytest.mark.parametrize('value', ['continu', 'cont', 'Continue', 'continue ', ' new', 'ne',
+                                   'new continue', 'continuenew', '', ['continue'], None, 1])
+def test_conversation_takes_nothing_else(value):
+    with pytest.raises(EnvelopeError) as err:
+        parse_envelope(json.dumps({'prompt': 'x', 'conversation': value, 'tag': 'c'}))
+    assert str(err.value) == "conversation must be one of 'new', 'continue'"
+    assert err.value.tag == 'c'
+
+
+@pytest.mark.parametrize(('envelope', 'key'), [
+    ('{"detect": "\\ud800"}', 'detect'),
+    ('{"detect": ["cup", "\\udfff"]}', 'detect'),
+    ('{"tool_results": [{"id": "call_1", "content": "done \\udc00"}]}', 'tool_results'),
+    ('{"prompt": "x", "tools": [{"name": "f", "description": "\\ud83d"}]}', 'tools'),
+])
+def test_text_that_is_not_valid_unicode_is_refused_in_every_key(envelope, key):
+    with pytest.raises(EnvelopeError) as err:
+        parse_envelope(envelope[:-1] + ', "tag": "u"}')
+    assert str(err.value) == f'{key} must be valid Unicode (it holds a lone surrogate)'
+    assert err.value.tag == 'u'
 
 
 def test_the_error_text_is_the_reason_alone():

@@ -217,18 +217,21 @@ class LLMEngine:
         self._guard.peek_closed('check_response_format')
         self._grammar_for(check_response_format(response_format))
 
-    def check_tools(self, tools, tool_choice=None) -> None:
+    def check_tools(self, tools, tool_choice=None, system_prompt=None) -> None:
         """Raise ``ValueError`` saying why ``tools`` (with ``tool_choice``) cannot be offered.
 
         The checks a turn makes before it opens: the shapes (``processing/tools.py``), this
         checkpoint's tool tokens, the tools' text, every tool's schema compiled against the
-        vocabulary. Any thread may call it, as ``check_response_format``.
+        vocabulary, and the system turn they are rendered in (with ``system_prompt``) leaving
+        room for a turn, as ``check_system_prompt`` requires. Any thread may call it, as
+        ``check_response_format``.
         """
         self._guard.peek_closed('check_tools')
         tools = check_tools(tools)
         choice = check_tool_choice(tool_choice, tools)
         if tools is not None:
             ToolCalls(tools, choice, self._index_vocabulary(), self.tokenizer)
+            self._system_piece(system_prompt, tools)
 
     def _system_piece(self, system_prompt, tools=None):
         if system_prompt is None and tools is None:
@@ -238,15 +241,16 @@ class LLMEngine:
         piece = self.prompts.system_piece(system_prompt, tools)
         shortest = len(piece.token_ids) + len(
             self.prompts.user_turn(piece.messages, '', [], tools=tools).token_ids)
+        what = 'the system prompt' + (' and the tools take' if tools is not None else ' takes')
         if shortest >= self.config.max_model_len:
             raise ValueError(
-                f'the system prompt takes {len(piece.token_ids)} tokens: with the shortest user '
+                f'{what} {len(piece.token_ids)} tokens: with the shortest user '
                 f'turn that is {shortest} tokens, no room for an answer within max_model_len '
                 f'{self.config.max_model_len}')
         blocks = math.ceil(shortest / self.config.block_size)
         if blocks > self.pool.num_blocks:
             raise ValueError(
-                f'the system prompt takes {len(piece.token_ids)} tokens: with the shortest user '
+                f'{what} {len(piece.token_ids)} tokens: with the shortest user '
                 f'turn that needs {blocks} KV blocks, the pool has {self.pool.num_blocks}')
         return piece
 

@@ -50,6 +50,10 @@ def check_detect(detect) -> list[str] | str | None:
 def _check_label(where: str, label) -> None:
     if not isinstance(label, str) or not label.strip():
         raise ValueError(f'{where} must be a non-empty string')
+    try:
+        label.encode('utf-8')
+    except UnicodeEncodeError:      # "\ud800" in JSON: no text a prompt or a box can hold
+        raise ValueError(f'{where} must be valid Unicode (it holds a lone surrogate)') from None
     if len(label) > MAX_LABEL_CHARS or '"' in label or '\n' in label:
         raise ValueError(f'{where} must be at most {MAX_LABEL_CHARS} characters on one line '
                          'without a double quote')

@@ -31,6 +31,7 @@ from orin_llm_node.refusals import REASON_CHARS, clip, preview
 from orin_llm_node.ros import contract
 from orin_llm_node.ros.goal_feedback import GoalFeedback
 from orin_llm_node.ros.goal_request import GoalRefused, goal_request
+from orin_llm_node.valid_text import valid_text, valid_value
 
 # A client that left is noticed within this many checks (one a second): discovery may lag a
 # new client's subscriptions by a moment, so one check alone would abort a healthy goal.
@@ -51,9 +52,12 @@ class AskServer:
         self._goals = {}
         self._clientless_checks = 0
         group = ReentrantCallbackGroup()
+        requests = contract.request_qos()   # no goal, cancel or result request lost in DDS
         self.server = ActionServer(
             node, Ask, contract.ASK, self._execute, callback_group=group,
-            goal_callback=self._take, cancel_callback=self._cancel)
+            goal_callback=self._take, cancel_callback=self._cancel,
+            goal_service_qos_profile=requests, result_service_qos_profile=requests,
+            cancel_service_qos_profile=requests)
         node.create_timer(1.0, self._check_clients, callback_group=group)
 
     def stop_all(self, reason):
@@ -74,7 +78,7 @@ class AskServer:
         """
         node = self._node
         request_id = node.prompts.next_request_id()
-        listener = GoalFeedback()
+        listener = GoalFeedback(log=node.get_logger().warning)
         with self._lock:
             self._goals[id(goal)] = (goal, request_id, listener)
         try:
@@ -108,7 +112,15 @@ class AskServer:
         finally:
             with self._lock:
                 self._goals.pop(id(goal), None)
-        return self._result(handle, request_id, listener)
+        try:
+            return self._result(handle, request_id, listener)
+        except Exception as exc:  # noqa: BLE001 - every goal gets a result it can be sent
+            self._node.get_logger().error(f'ask goal {request_id}: its result failed: '
+                                          f'{valid_text(traceback.format_exc())}')
+            if handle.is_active:
+                handle.abort()
+            return Ask.Result(finish_reason='error',
+                              error=valid_text(f'internal error: {preview(exc, REASON_CHARS)}'))
 
     def _result(self, handle, request_id, listener):
         info, result = listener.outcome
@@ -116,14 +128,15 @@ class AskServer:
         if isinstance(info, str):       # never answered: refused, dropped, drained, withdrawn
             reason = listener.stop_reason or info
             (handle.canceled if cancelled else handle.abort)()
-            return Ask.Result(finish_reason='cancelled' if cancelled else 'refused',
-                              error='' if cancelled else reason,
-                              info=_refused_info(request_id, handle.request, reason, result))
+            return _sendable(Ask.Result(
+                finish_reason='cancelled' if cancelled else 'refused',
+                error='' if cancelled else reason,
+                info=_refused_info(request_id, handle.request, reason, result)))
         out = Ask.Result(text=info.text or '', finish_reason=info.finish_reason,
                          error=info.error or '', info=info.to_json(),
-                         tool_calls=json.dumps(info.tool_calls),
+                         tool_calls=json.dumps(valid_value(info.tool_calls)),
                          # In each camera frame's pixels, as response/info has them.
-                         detections=json.dumps(info.detections or []))
+                         detections=json.dumps(valid_value(info.detections or [])))
         if info.valid:
             out.json = json.dumps(info.parsed, ensure_ascii=False)
         if cancelled and info.finish_reason == 'cancelled':
@@ -135,7 +148,7 @@ class AskServer:
             handle.abort()
         else:
             handle.succeed()
-        return out
+        return _sendable(out)
 
     def _cancel(self, handle):
         with self._lock:
@@ -185,6 +198,14 @@ def _cancel_applied(handle, listener):
     while not handle.is_cancel_requested and time.monotonic() < deadline:
         time.sleep(0.001)
     return handle.is_cancel_requested
+
+
+def _sendable(result):
+    # Every text field valid Unicode (a server's or a model's text may hold a lone surrogate):
+    # rclpy could not send the result, and its exception would end the executor's spin.
+    for name in ('text', 'json', 'tool_calls', 'detections', 'finish_reason', 'error', 'info'):
+        setattr(result, name, valid_text(getattr(result, name)))
+    return result
 
 
 def _refused_info(request_id, goal, reason, cameras=None):

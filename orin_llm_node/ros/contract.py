@@ -16,6 +16,8 @@ and its in-process tests use :class:`AnswerInfo` without a ROS installation bein
 from dataclasses import dataclass, field
 import json
 
+from orin_llm_node.valid_text import valid_text
+
 
 @dataclass(frozen=True)
 class Topic:
@@ -59,9 +61,25 @@ CLIENT_IMAGES = Topic('image', 10)
 # Opened by activate (std_srvs/Trigger): forget the conversation; stop the answer in progress.
 RESET = 'reset'
 CANCEL = 'cancel'
+# Requests the node's services and the ask action's goal, cancel and result services hold while
+# the executor is busy: DDS keeps only the newest ``depth`` of them (rclpy's default is 10), and
+# an older one is lost without a word.  As deep as the prompt topics, so every goal and call
+# reaches the node, which answers each one (a goal beyond queue_size is refused with the reason).
+REQUEST_DEPTH = 1000
 # The ask action (orin_llm_node/action/Ask), relative like the services: /orin_llm/ask under the
 # launch file's namespace.  Open in every state: a goal the node cannot take is refused with why.
 ASK = 'ask'
+
+
+def request_qos():
+    """QoS of the node's services and of its action's services (:data:`REQUEST_DEPTH` deep).
+
+    A client sending many requests at once needs the same on its side (its responses).
+    """
+    from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=REQUEST_DEPTH,
+                      reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.VOLATILE)
 
 
 def image_qos(reliable):
@@ -162,6 +180,8 @@ class AnswerInfo:
 
         Every number is finite by construction (the engine's parse maps a number beyond a
         float's range to null): a bug that breaks that must not reach a client as ``NaN``.
+        Every string is valid Unicode (valid_text.py): a lone surrogate from a server or in a
+        model's JSON answer is U+FFFD here, so the record can always be published.
         """
         out = {'request_id': self.request_id, 'prompt': self.prompt, 'text': self.text,
                'image': self.image}
@@ -182,7 +202,7 @@ class AnswerInfo:
             out['tool_calls'] = self.tool_calls
         if self.detections is not None:
             out['detections'] = self.detections
-        return json.dumps(out, ensure_ascii=False, allow_nan=False)
+        return valid_text(json.dumps(out, ensure_ascii=False, allow_nan=False))
 
 
 def _tag(envelope):

@@ -21,6 +21,7 @@ import threading
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
 from orin_llm_node.ros.backend_diagnostics import backend_level, backend_values
+from orin_llm_node.valid_text import valid_text
 
 OK = 0
 WARN = 1
@@ -56,8 +57,8 @@ _WINDOWED = {
 class FactsSnapshot:
     """What the node knows about generation at one moment (see :class:`NodeFacts`)."""
 
-    state: str = 'loading'          # unconfigured | loading | inactive | ready | failed |
-    #                                 finalized (the node's lifecycle)
+    state: str = 'loading'          # unconfigured | loading | inactive | active | failed |
+    #                                 finalized (the lifecycle's names; loading: configuring)
     device: str = ''
     dtype: str = ''
     weight_format: str = ''         # dtype name, or quantized layers' source:format
@@ -126,12 +127,14 @@ def _fmt(value):
 
 
 def _status(level, name, message, hardware_id, values):
+    # Valid Unicode, whatever a server named its model or said in an error: a status that
+    # cannot be serialized would stop every /diagnostics publication.
     status = DiagnosticStatus()
     status.level = bytes([level])
-    status.name = name
-    status.message = message
-    status.hardware_id = hardware_id
-    status.values = [KeyValue(key=k, value=_fmt(v)) for k, v in values]
+    status.name = valid_text(name)
+    status.message = valid_text(message)
+    status.hardware_id = valid_text(hardware_id)
+    status.values = [KeyValue(key=k, value=valid_text(_fmt(v))) for k, v in values]
     return status
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 
 from orin_llm_node.action import Ask
+from orin_llm_node.valid_text import valid_text
 
 Feedback = Ask.Feedback
 
@@ -23,6 +24,9 @@ MIN_INTERVAL_S = 0.05
 
 STAGES = {'encoding_images': Feedback.STAGE_ENCODING_IMAGES,
           'prefill': Feedback.STAGE_PREFILL, 'decoding': Feedback.STAGE_DECODING}
+# Each stage constant's name, sent beside it (``stage_name``): a number alone says little in
+# ``ros2 action send_goal --feedback``.
+STAGE_NAMES = {Feedback.STAGE_QUEUED: 'queued', **{v: k for k, v in STAGES.items()}}
 
 
 class GoalFeedback:
@@ -33,9 +37,11 @@ class GoalFeedback:
     was said before.  ``outcome``: None until the end, then ``(info, result)`` (answered or
     failed: the ``AnswerInfo`` and the engine's result or None) or ``(reason, cameras)``
     (refused, dropped, drained or withdrawn unanswered: a str, and the camera report if any).
+    ``log(text)``: told when a message could not be sent (it is dropped, nothing raises).
     """
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock=time.monotonic, log=lambda text: None):
+        self._log = log                 # told why a message could not be sent
         self._publish = None            # until attached: messages wait in the backlog
         self._backlog = []
         self._wake = None
@@ -55,9 +61,10 @@ class GoalFeedback:
         Returns False when the outcome is already there (nothing to wait for).
         """
         with self._lock:
-            for msg in self._backlog:
-                publish(msg)
             self._publish, self._wake = publish, wake
+            for msg in self._backlog:
+                self._deliver(msg)
+            self._backlog = []
             return self.outcome is None
 
     def queued(self, ahead):
@@ -109,13 +116,26 @@ class GoalFeedback:
             self.outcome = outcome
             wake = self._wake
         if wake is not None:
-            wake()
+            try:
+                wake()
+            except Exception as exc:  # noqa: BLE001 - the session thread must carry on
+                self._log(f'ask goal: its end could not be handed to the server: {exc!r}')
 
     def _send(self):
         # Under the lock: one message with the text held so far.
         msg = self._msg
-        send = self._publish or self._backlog.append
-        send(Feedback(stage=msg.stage, text_delta=self._pending, tokens=msg.tokens,
-                               ttft_ms=msg.ttft_ms, queue_position=msg.queue_position))
+        out = Feedback(stage=msg.stage, stage_name=STAGE_NAMES[msg.stage],
+                       text_delta=valid_text(self._pending), tokens=msg.tokens,
+                       ttft_ms=msg.ttft_ms, queue_position=msg.queue_position)
+        if self._publish is None:
+            self._backlog.append(out)
+        else:
+            self._deliver(out)
         self._pending = ''
         self._last_sent = self._clock()
+
+    def _deliver(self, msg):
+        try:
+            self._publish(msg)
+        except Exception as exc:  # noqa: BLE001 - a lost feedback message, never a lost thread
+            self._log(f'ask goal: a feedback message could not be sent: {exc!r}')

@@ -14,6 +14,7 @@ clock are asked through ``node``.
 import json
 
 from orin_llm_node import bounded_json
+from orin_llm_node.ros import tool_requests
 from orin_llm_node.ros.cameras import ros_image
 from orin_llm_node.ros.cameras.camera_report import camera_report
 from orin_llm_node.ros.cameras.camera_views import CameraView, PendingImage, Request
@@ -39,10 +40,10 @@ def goal_request(node, request_id, goal, listener):
     length and frames (the queue's room is the server's: checked as it queues).
     """
     state = node.state()
-    if state != 'ready':
+    if state != 'active':
         raise GoalRefused(not_ready(state))
-    envelope = goal_envelope(goal)
-    text = envelope.pop('prompt')
+    envelope = goal_envelope(goal, node.runtime('tools'))
+    text = tool_requests.request_text(envelope)
     if goal.images or goal.compressed_images:
         if goal.cameras or goal.video_s > 0:
             raise GoalRefused('a goal with images takes no cameras and no video_s (its images '
@@ -55,9 +56,13 @@ def goal_request(node, request_id, goal, listener):
     return request
 
 
-def goal_envelope(goal):
-    """The checked ``prompt/json`` envelope of ``goal`` (``GoalRefused`` if malformed)."""
-    data = {'prompt': goal.prompt}
+def goal_envelope(goal, tools_parameter=''):
+    """The checked ``prompt/json`` envelope of ``goal`` (``GoalRefused`` if malformed).
+
+    An empty field is a key left out, ``prompt`` included (``tool_results`` alone need none);
+    ``tools_parameter``: as for ``parse_envelope``.
+    """
+    data = {'prompt': goal.prompt} if goal.prompt else {}
     for name in JSON_FIELDS:
         text = getattr(goal, name)
         if text:
@@ -75,7 +80,7 @@ def goal_envelope(goal):
         if getattr(goal, name):
             data[name] = getattr(goal, name)
     try:
-        return parse_envelope(json.dumps(data))
+        return parse_envelope(json.dumps(data), tools_parameter)
     except EnvelopeError as exc:
         raise GoalRefused(f'malformed goal: {exc}') from None
 
@@ -109,11 +114,13 @@ def _camera_request(node, request_id, text, envelope, cameras, listener):
         raise GoalRefused(f'a clip of {video_s:g} s asked for, but each camera keeps '
                           f"{params['video_buffer_s']:g} s (video_buffer_s)")
     now = node.get_clock().now().nanoseconds
-    views, synchronised = node.intake.take(now, params['image_max_age_s'], video_s)
+    # Tool results alone add no message, so they take no frames (as a prompt's).
+    views, synchronised = node.intake.take(now, params['image_max_age_s'], video_s) \
+        if text else ([], True)
     if cameras:
         views = [view for view in views if view.name in cameras]
     request = Request(request_id, text, views, synchronised, video_s, envelope, listener)
-    if video_s > 0 and all(view.missing for view in views):
+    if video_s > 0 and views and all(view.missing for view in views):
         missing = '; '.join(f'{v.name}: {v.missing}' for v in views)
         raise GoalRefused(f'a clip of the last {video_s:g} s has zero frames ({missing})',
                           camera_report(request))

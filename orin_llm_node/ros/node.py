@@ -106,7 +106,7 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
                 **{name: self.runtime(name) for name in parameters.RUNTIME_PARAMETERS}}
 
     def state(self):
-        """The node's state: unconfigured, loading, inactive, ready, failed or finalized."""
+        """The node's state: unconfigured, loading, inactive, active, failed or finalized."""
         return self.replies.node_facts.snapshot().state
 
     def _on_idle_timer(self):
@@ -223,11 +223,12 @@ class OrinLLMNode(GuardedCallbacks, LifecycleNodeMixin, Node):
             self.intake.subscribe(self.params['image_qos'], self.engine_facts.frame_sizer)
             for name, callback in self._activation_services().items():
                 self._open_services.append(self.create_service(
-                    Trigger, name, callback, callback_group=self._prompt_group))
+                    Trigger, name, callback, qos_profile=contract.request_qos(),
+                    callback_group=self._prompt_group))
         except Exception as exc:  # noqa: BLE001 - rclpy's lifecycle would swallow it unsaid
             self._close_inputs()
             return self._failed(f'failed to activate: {exc}', 'inactive')
-        self.replies.facts(state='ready', detail='')
+        self.replies.facts(state='active', detail='')
         self.replies.ready(True)
         self.get_logger().info('ready: publish a prompt on '
                                f'{self.resolve_topic_name(contract.PROMPT.name)}')

@@ -19,6 +19,7 @@ from rcl_interfaces.msg import (
 import rclpy
 from rclpy.exceptions import InvalidParameterTypeException, ParameterException
 
+from orin_llm_node.parameter_values import JSON_TEXT_EXAMPLES, quoting_hint
 from orin_llm_node.parameters import (
     INT_MAX,
     PARAMETERS,
@@ -60,12 +61,25 @@ def declare(node, command_line=(), node_args=None):
     with _twin(node, automatically_declare_parameters_from_overrides=True,
                **{k: node_args[k] for k in _TWIN_ARGS if k in node_args}) as twin:
         given = {name: p.value for name, p in twin.get_parameters_by_prefix('').items()}
+    _refuse_mappings(given)
     check_parameters({p.name: given.get(p.name, p.default) for p in PARAMETERS})
     values = _declare(node, PARAMETERS, given.get)
     for name in sorted(set(given) - set(PARAMS_BY_NAME)):
         if not node.has_parameter(name):
             node.get_logger().warning(f"unknown parameter '{name}' ignored (typo?)")
     return values
+
+
+def _refuse_mappings(given):
+    # A params file's YAML mapping becomes nested parameters ("response_format.type"): the
+    # parameter itself would keep its default without a word.  Said, with how to quote it.
+    for name in sorted(given):
+        head = name.partition('.')[0]
+        if head != name and head in PARAMS_BY_NAME:
+            how = (quoting_hint(head) if head in JSON_TEXT_EXAMPLES
+                   else wrong_type(head).removeprefix(f"parameter '{head}' "))
+            raise ParameterError(f"parameter '{head}' was given as a YAML mapping (as "
+                                 f"'{name}'), not a value: {how}")
 
 
 # The node's own arguments a twin needs to see the overrides the node sees.

@@ -5,7 +5,9 @@
 :class:`NodeReplies` owns what the node says: its publishers (contract.py's topics), its facts
 (:class:`~orin_llm_node.ros.diagnostics.NodeFacts`), the ``/diagnostics`` monitor and the rate
 limit on refusals.  The session, the executor's callbacks and the camera intake all speak
-through it, from any thread.
+through it, from any thread.  What it publishes is valid Unicode (valid_text.py: an answer or a
+reason from a server may hold a lone surrogate), and a publication that fails anyway is logged,
+never raised to its caller.
 """
 
 import logging
@@ -21,6 +23,7 @@ from orin_llm_node.refusals import REASON_CHARS, RefusalLimiter, clip
 from orin_llm_node.ros import contract
 from orin_llm_node.ros.detections_topic import DetectionsTopic
 from orin_llm_node.ros.diagnostics import DiagnosticsMonitor, NodeFacts
+from orin_llm_node.valid_text import valid_text
 
 
 class NodeReplies:
@@ -66,11 +69,11 @@ class NodeReplies:
 
     def stream(self, delta):
         """A text delta on ``response/stream``."""
-        self._publish(contract.STREAM, String(data=delta))
+        self._publish(contract.STREAM, String(data=valid_text(delta)))
 
     def answer(self, text):
         """A whole answer on ``response``."""
-        self._publish(contract.RESPONSE, String(data=text))
+        self._publish(contract.RESPONSE, String(data=valid_text(text)))
 
     def info(self, info):
         """One ``response/info`` (an :class:`~orin_llm_node.ros.contract.AnswerInfo`)."""
@@ -82,6 +85,7 @@ class NodeReplies:
 
     def error(self, text):
         """Why something was refused, on ``error`` and in the log."""
+        text = valid_text(text)        # a server's reason may hold a lone surrogate
         self.logger.warning(text)
         self._publish(contract.ERROR, String(data=text))
 

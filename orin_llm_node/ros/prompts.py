@@ -16,9 +16,9 @@ from orin_llm_node.ros import tool_requests
 from orin_llm_node.ros.cameras.camera_report import camera_report
 from orin_llm_node.ros.cameras.camera_views import Request
 from orin_llm_node.ros.contract import AnswerInfo
-from orin_llm_node.ros.request_envelope import EnvelopeError, parse_envelope
+from orin_llm_node.ros.request_envelope import EnvelopeError, parse_envelope, stamp_ns
 
-# Why a prompt is refused in each state but ``ready`` (the state is named before it).
+# Why a prompt is refused in each state but ``active`` (the state is named before it).
 _NOT_READY = {
     'unconfigured': 'configure and activate it to take prompts',
     'loading': 'the model is loading; prompts are taken once ready is true',
@@ -29,7 +29,7 @@ _NOT_READY = {
 
 
 def not_ready(state):
-    """Why a prompt (or goal) is refused in ``state`` (anything but ``ready``)."""
+    """Why a prompt (or goal) is refused in ``state`` (anything but ``active``)."""
     return f"node is {state}: {_NOT_READY.get(state, 'it is not taking prompts')}"
 
 
@@ -93,7 +93,7 @@ class PromptIntake:
                         f'(limit {parameters.MAX_PROMPT_CHARS})', tag)
             return
         state = node.state()
-        if state != 'ready':
+        if state != 'active':
             self.refuse(request_id, text, not_ready(state), tag)
             return
         # detect takes each camera's newest frame as the camera sent it (its own pixels).
@@ -103,10 +103,16 @@ class PromptIntake:
             self.refuse(request_id, text, f'a clip of {video_s:g} s asked for, but each camera '
                         f"keeps {params['video_buffer_s']:g} s (video_buffer_s)", tag)
             return
+        # image_stamp: the frame published with the prompt may not have been taken in yet
+        # (its callback runs in another group): wait for it, within image_wait_s, and never
+        # pair an older one.
+        not_before = stamp_ns(envelope or {})
+        if not_before is not None and text:
+            node.intake.wait_for(not_before, node.runtime('image_wait_s'))
         now = node.get_clock().now().nanoseconds
         # Tool results alone add no message, so they take no frames (none is decoded).
-        views, synchronised = node.intake.take(now, params['image_max_age_s'], video_s) \
-            if text else ([], True)
+        views, synchronised = node.intake.take(now, params['image_max_age_s'], video_s,
+                                               not_before) if text else ([], True)
         request = Request(request_id, text, views, synchronised, video_s, envelope)
         missing = '; '.join(f'{v.name}: {v.missing}' for v in views if v.missing)
         if video_s > 0 and views and all(v.missing for v in views):

@@ -10,11 +10,14 @@ only ``prompt`` is required, and not with ``detect`` or ``tool_results``.
 what the session does with it); :func:`parse_envelope` checks a message against it and raises
 :class:`EnvelopeError` with the reason (and the ``tag``, when one could be read, so that the
 refusal can be matched by the client) for anything the answer could not be run with: text that
-is too long or nested too deep, unknown keys, bad values, sampling values the engine refuses
-(its own ``SamplingParams`` checks) and a ``response_format`` whose grammar does not compile.
+is too long or nested too deep, unknown keys, bad values, text that is not valid Unicode,
+sampling values the engine refuses (its own ``SamplingParams`` checks) and a
+``response_format`` whose grammar does not compile.  A request over the length limit still has
+its tag read, up to :data:`MAX_TAG_SCAN_CHARS`.
 """
 
 from dataclasses import dataclass
+import json
 import math
 
 from orin_llm_node import bounded_json
@@ -22,6 +25,9 @@ from orin_llm_node.engine.config import SamplingParams
 from orin_llm_node.engine.structured import check_grammar, check_response_format
 from orin_llm_node.parameters import MAX_PROMPT_CHARS, PARAMS_BY_NAME
 from orin_llm_node.ros import tool_requests
+
+# A request over MAX_PROMPT_CHARS is still read for its tag (the refusal echoes it) up to this.
+MAX_TAG_SCAN_CHARS = 10 * MAX_PROMPT_CHARS
 
 
 class EnvelopeError(ValueError):
@@ -63,13 +69,42 @@ def _text(v):
     return None
 
 
+def _unicode(v):
+    # Any text inside a key's value (a label, a tool result, a schema's description): what the
+    # node cannot encode it cannot prompt with, publish or echo.
+    try:
+        json.dumps(v, ensure_ascii=False).encode('utf-8')
+    except UnicodeEncodeError:
+        return 'must be valid Unicode (it holds a lone surrogate)'
+    return None
+
+
 def _prompt(v):
     return _text(v) or (None if v.strip() else 'must not be empty')
 
 
+def _whole(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _stamp(v):
+    if (isinstance(v, dict) and set(v) == {'sec', 'nanosec'} and _whole(v['sec'])
+            and _whole(v['nanosec']) and v['nanosec'] < 1_000_000_000):
+        return None
+    return 'must be a header stamp {"sec": s, "nanosec": ns} (integers >= 0, nanosec < 1e9)'
+
+
+def stamp_ns(envelope):
+    """A checked envelope's ``image_stamp`` in nanoseconds, or None without one."""
+    stamp = envelope.get('image_stamp')
+    return None if stamp is None else stamp['sec'] * 1_000_000_000 + stamp['nanosec']
+
+
 def _choice(*options):
-    def check(v):
-        return None if v in options else f"must be one of {', '.join(map(repr, options))}"
+    def check(v):   # exactly one of them: never a prefix, a part or another case of one
+        if isinstance(v, str) and v in options:
+            return None
+        return f"must be one of {', '.join(map(repr, options))}"
     return check
 
 
@@ -132,7 +167,26 @@ KEYS = {
                         'last answer: [{"id", "content", "name"?}], sent before the prompt'),
     'detect': Key(tool_requests.check_detect_key, 'labels (list) or a phrase: grounding boxes '
                   "in each camera's pixels (response/info detections)"),
+    'image_stamp': Key(_stamp, "{sec, nanosec}: pair only with frames stamped at or after it, "
+                       "waiting up to image_wait_s for them (a frame's own header stamp: that "
+                       'frame or a newer one)'),
 }
+
+
+def _tag(data):
+    # The client's tag of a parsed envelope, if it can be echoed.
+    return data.get('tag') if isinstance(data, dict) and _text(data.get('tag')) is None else None
+
+
+def _long_request_tag(text):
+    # A request over the limit is refused, but its tag is still read (up to
+    # MAX_TAG_SCAN_CHARS: parsing costs time in proportion) so that the client can match it.
+    if len(text) > MAX_TAG_SCAN_CHARS:
+        return None
+    try:
+        return _tag(bounded_json.loads(text))
+    except ValueError:
+        return None
 
 
 def sampling_overrides(envelope):
@@ -149,14 +203,14 @@ def parse_envelope(text, tools_parameter=''):
     """
     if len(text) > MAX_PROMPT_CHARS:
         raise EnvelopeError(f'request of {len(text)} characters rejected (limit '
-                            f'{MAX_PROMPT_CHARS})')
+                            f'{MAX_PROMPT_CHARS})', _long_request_tag(text))
     try:
         data = bounded_json.loads(text)
     except ValueError as exc:
         raise EnvelopeError(exc) from None
     if not isinstance(data, dict):
         raise EnvelopeError(f'must be a JSON object, got {type(data).__name__}')
-    tag = data.get('tag') if _text(data.get('tag')) is None else None
+    tag = _tag(data)
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
         raise EnvelopeError(f"unknown key(s) {', '.join(map(repr, unknown))} (known: "
@@ -166,9 +220,11 @@ def parse_envelope(text, tools_parameter=''):
             if key.required and not any(k in data for k in key.optional_with):
                 raise EnvelopeError(f'{name!r} is required', tag)
             continue
-        reason = key.check(data[name])
+        reason = _unicode(data[name]) or key.check(data[name])
         if reason:      # the engine's reasons name response_format themselves
             raise EnvelopeError(reason if reason.startswith(name) else f'{name} {reason}', tag)
+    if 'image_stamp' in data and data.get('video_s', 0) > 0:
+        raise EnvelopeError('image_stamp pairs single frames, not a clip (video_s)', tag)
     try:
         SamplingParams(**sampling_overrides(data))
         tool_requests.check_request(data, tools_parameter)

@@ -32,6 +32,7 @@ from orin_llm_node.ros.cameras.camera_report import camera_report
 from orin_llm_node.ros.cameras.frame_ring import FrameSizer
 from orin_llm_node.ros.contract import AnswerInfo
 from orin_llm_node.ros.request_envelope import sampling_overrides
+from orin_llm_node.valid_text import valid_text
 
 
 class LoadFailed(Exception):
@@ -237,46 +238,62 @@ class Session:
 
     def _run(self):
         while not self._stop.is_set():
-            request = None
-            with self._cond:
-                if not (self._queue or self._reset or self._command or self._stop.is_set()):
-                    wait = self._diagnostics_due_in if self._engine is not None else 0.5
-                    self._cond.wait(timeout=max(wait, 0.01))
-                command, self._command = self._command, None
-                reset, self._reset = self._reset, False
-                if (self._queue and self._engine is not None and not reset and not command
-                        and not self._stop.is_set()):
-                    request = self._current = self._queue.popleft()
-                    self._busy = True
-                    self._cancel_pending = False
-                waiting = list(self._queue) if request is not None else []
-            if self._stop.is_set():
-                break
-            _tell_positions(waiting)
-            if command is not None:
-                self._command_result = self._run_command(command)
-                self._command_done.set()
-                continue
             try:
-                if reset:
-                    self._drop_conversation('reset service')
-                if request is not None:
-                    self._answer(request)
-            except ValueError as exc:   # the engine's verdict on the input (nothing changed)
+                self._step()
+            except Exception:  # noqa: BLE001 - nothing may end the thread that answers
+                # A failure while reporting a failure (a reply that cannot be sent): said in
+                # the log, and the thread takes the next request.
                 self.replies.count(errors=1)
-                self._report_failure(request, f'prompt rejected: {preview(exc, REASON_CHARS)}')
-            except Exception as exc:  # noqa: BLE001 - bad input must never kill the node
-                self.replies.count(errors=1)
-                reason = preview(exc, REASON_CHARS) or type(exc).__name__
-                self._report_failure(request, f'request failed: {reason}')
-                self.replies.logger.debug(traceback.format_exc())
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._current = None
-            if request is not None and any(v.image is not None for v in request.views):
-                native_heap.trim()      # the frame decoded at full size for this prompt
-            self._diagnostics()
+                self._log_fault('the session thread caught an exception and carries on')
+
+    def _step(self):
+        # One pass of the session's loop: a command, a reset, or one request answered.
+        request = None
+        with self._cond:
+            if not (self._queue or self._reset or self._command or self._stop.is_set()):
+                wait = self._diagnostics_due_in if self._engine is not None else 0.5
+                self._cond.wait(timeout=max(wait, 0.01))
+            command, self._command = self._command, None
+            reset, self._reset = self._reset, False
+            if (self._queue and self._engine is not None and not reset and not command
+                    and not self._stop.is_set()):
+                request = self._current = self._queue.popleft()
+                self._busy = True
+                self._cancel_pending = False
+            waiting = list(self._queue) if request is not None else []
+        if self._stop.is_set():
+            return
+        _tell_positions(waiting)
+        if command is not None:
+            self._command_result = self._run_command(command)
+            self._command_done.set()
+            return
+        try:
+            if reset:
+                self._drop_conversation('reset service')
+            if request is not None:
+                self._answer(request)
+        except ValueError as exc:   # the engine's verdict on the input (nothing changed)
+            self.replies.count(errors=1)
+            self._report_failure(request, f'prompt rejected: {preview(exc, REASON_CHARS)}')
+        except Exception as exc:  # noqa: BLE001 - bad input must never kill the node
+            self.replies.count(errors=1)
+            reason = preview(exc, REASON_CHARS) or type(exc).__name__
+            self._report_failure(request, f'request failed: {reason}')
+            self.replies.logger.debug(valid_text(traceback.format_exc()))
+        finally:
+            with self._cond:
+                self._busy = False
+                self._current = None
+        if request is not None and any(v.image is not None for v in request.views):
+            native_heap.trim()      # the frame decoded at full size for this prompt
+        self._diagnostics()
+
+    def _log_fault(self, what):
+        try:
+            self.replies.logger.error(f'{what}:\n{valid_text(traceback.format_exc())}')
+        except Exception:  # noqa: BLE001, S110 - a logger that fails too: nothing left to tell
+            pass
 
     def _diagnostics(self, force=False, only_if_due=False):
         if self._engine is not None:
@@ -305,14 +322,22 @@ class Session:
         return True, EngineFacts.of(engine) if self._local else EngineFacts.remote(engine)
 
     def _report_failure(self, request, text):
+        # Every part on its own: one that fails (a listener whose goal is gone) must not keep
+        # the others from their reply.
+        text = valid_text(text)
         if request is None:
             self.replies.error(text)
             return
-        self.replies.error(f'{text} (request {request.request_id})')
         info = AnswerInfo.failed(request, text, camera_report(request))
-        self.replies.info(info)
+        tells = [lambda: self.replies.error(f'{text} (request {request.request_id})'),
+                 lambda: self.replies.info(info)]
         if request.listener is not None:
-            request.listener.finished(info, None)
+            tells.append(lambda: request.listener.finished(info, None))
+        for tell in tells:
+            try:
+                tell()
+            except Exception:  # noqa: BLE001 - said in the log, the others still go out
+                self._log_fault(f'a reply to request {request.request_id} failed')
 
     def _drop_conversation(self, why=None):
         if self._conv is not None and self._engine is not None:

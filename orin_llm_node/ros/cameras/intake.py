@@ -80,6 +80,8 @@ class ImageIntake:
         self.callback_group = callback_group
         self.cameras = []
         self._lock = threading.Lock()
+        # Told (under the lock) whenever a camera keeps a new frame: a prompt may wait for one.
+        self._kept = threading.Condition(self._lock)
         self._sync = None
         self._synced = None             # the newest approximate-time set: ((stamp, image), ...)
         self._processor = None          # sizes video frames as the model sees them
@@ -140,13 +142,31 @@ class ImageIntake:
         """The resolved (namespaced, remapped) image topic names of every camera."""
         return sorted(t for camera in self.cameras for t in camera.topics())
 
-    def take(self, now_ns, max_age_s, video_s=0.0):
+    def wait_for(self, stamp_ns, timeout_s):
+        """Wait until every camera keeps a frame stamped at or after ``stamp_ns``.
+
+        At most ``timeout_s`` seconds; True if they all do.  A prompt that names the stamp of
+        the frame it was published with (``image_stamp``) waits here for the camera callback
+        that may still be on its way (callbacks of different groups run in any order).
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._kept:
+            while not all(c.newest is not None and c.newest.stamp_ns >= stamp_ns
+                          for c in self.cameras):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._kept.wait(left)
+        return True
+
+    def take(self, now_ns, max_age_s, video_s=0.0, not_before_ns=None):
         """What each camera gives a prompt arriving at ``now_ns``; (views, synchronised).
 
         ``video_s`` > 0: each camera's kept frames of the last ``video_s`` seconds up to the
         newest frame any camera kept (which must be fresh, ``max_age_s``).  Else one
         frame per camera: the newest approximate-time set if every frame of it is fresh enough,
         otherwise the newest fresh frame of each camera (``synchronised`` False).
+        ``not_before_ns``: a frame stamped before it is never paired (``image_stamp``).
         """
         with self._lock:
             if video_s > 0:
@@ -154,14 +174,19 @@ class ImageIntake:
             newest = [camera.newest for camera in self.cameras]
             refused = [camera.refused for camera in self.cameras]
             synced = self._synced
+        floor = -1 if not_before_ns is None else not_before_ns
         if len(self.cameras) > 1 and synced is not None and not any(
-                stale_reason(image.stamp_ns, now_ns, max_age_s) for _, image in synced):
+                stale_reason(image.stamp_ns, now_ns, max_age_s) or image.stamp_ns < floor
+                for _, image in synced):
             frames, synchronised = [image for _, image in synced], True
         else:
             frames, synchronised = newest, len(self.cameras) == 1
         views = []
         for camera, image, last_refused in zip(self.cameras, frames, refused, strict=True):
             why = missing_reason(image, last_refused, now_ns, max_age_s)
+            if not why and image.stamp_ns < floor:
+                why = (f'no frame stamped at or after the image_stamp asked for (the newest is '
+                       f'{(floor - image.stamp_ns) / 1e9:.3f} s older)')
             views.append(CameraView(camera.name, image=None if why else image, missing=why))
         return views, synchronised
 
@@ -237,6 +262,7 @@ class ImageIntake:
             if self._replaces(None if kept is None else [(kept.stamp_ns, kept)],
                               [(stamp, pending)], now):
                 camera.newest = pending
+                self._kept.notify_all()
             due = self._processor is not None and camera.ring.wants(stamp)
         if not due:
             self._synchronise(camera, stamp, pending, now)
