@@ -11,8 +11,12 @@ Arguments: ``namespace`` (default ``orin_llm``), ``params_file`` (default the in
 ``autostart:=false`` leaves it unconfigured for ``ros2 lifecycle set``) and one argument per node
 parameter, made from the node's parameter table (``model_path``, ``device``,
 ``max_new_tokens``, ...): empty keeps the value of ``params_file``, anything else overrides it.
-A node that exits with an error (missing model, bad parameter) makes the launch exit 1.
+A node that exits with an error (missing model, bad parameter) makes the launch exit 1.  Its
+log lines carry colour only when the launch's own output is a terminal.
 """
+
+import os
+import sys
 
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, EmitEvent, OpaqueFunction, RegisterEventHandler
@@ -26,6 +30,7 @@ from launch_ros.parameter_descriptions import ParameterValue
 from launch_ros.substitutions import FindPackageShare
 from lifecycle_msgs.msg import Transition
 
+from orin_llm_node.log_colour import colour_env
 from orin_llm_node.parameters import PARAMETERS, from_text
 
 PACKAGE = 'orin_llm_node'
@@ -53,7 +58,10 @@ def _launch_node(context):
         namespace=LaunchConfiguration('namespace'),
         parameters=[LaunchConfiguration('params_file'), overrides],
         remappings=[('image', image_topic), ('image/compressed', image_topic + '/compressed')],
-        output='screen', emulate_tty=True)
+        # A pseudo-terminal keeps the node's lines whole and in order; colour only where they
+        # reach one (log_colour.py): a launch redirected to a file gets plain lines.
+        output='screen', emulate_tty=True,
+        additional_env=colour_env(sys.stdout.isatty(), os.environ))
     managed = _flag(context, 'lifecycle')
     node = LifecycleNode(arguments=['--managed'], **common) if managed else Node(**common)
     actions = [node, RegisterEventHandler(OnProcessExit(target_action=node,

@@ -56,6 +56,11 @@ class TestAnswers(LaunchProbe):
         # The last deltas travel on another topic and may land after the whole answer.
         self.spin_until(lambda: ''.join(deltas) == answers[0], 'the streamed deltas')
         proc_output.assertWaitFor('ready: publish a prompt', timeout=5)
+        # The node runs on a pseudo-terminal (emulate_tty) but the launch's output is no
+        # terminal here: plain lines, no ANSI colour codes (log_colour.py).
+        text = b''.join(output.text for output in proc_output).decode('utf-8', 'replace')
+        self.assertIn('ready: publish a prompt', text)
+        self.assertNotIn('\x1b[', text)
 
 
 @launch_testing.post_shutdown_test()

@@ -3,6 +3,10 @@
 """``make demo``: start the node on the embedded checkpoint, show it a red circle, ask about it.
 
     python -m orin_llm_node.cli.demo [--max-new-tokens N] [--timeout S]
+    python -m orin_llm_node.cli.demo --save-image shape.png --save-clip frames/
+
+The second form writes the demo's picture (PNG) and a short clip of it (the circle moving left
+to right, one PNG per frame) and exits: the files the README's commands send.
 
 Starts the ``orin_llm_node`` executable as a subprocess (``model_path`` empty: the embedded demo
 checkpoint, or a tiny random one if none is installed) on a private loopback-only DDS domain,
@@ -13,6 +17,7 @@ Ctrl-C (SIGINT) and exits 0 when all of that worked.
 
 import argparse
 import os
+from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -32,6 +37,38 @@ def sample_image(width=320, height=240):
     rgb = np.full((height, width, 3), 128, np.uint8)
     cv2.circle(rgb, (width // 2, height // 2), min(width, height) // 4, (255, 0, 0), -1)
     return rgb
+
+
+def sample_clip(frames=8, width=320, height=240):
+    """The red circle moving from left to right across the grey, ``frames`` RGB arrays."""
+    import cv2
+    import numpy as np
+
+    radius = min(width, height) // 4
+    clip = []
+    for i in range(frames):
+        rgb = np.full((height, width, 3), 128, np.uint8)
+        x = radius + round(i * (width - 2 * radius) / max(frames - 1, 1))
+        cv2.circle(rgb, (x, height // 2), radius, (255, 0, 0), -1)
+        clip.append(rgb)
+    return clip
+
+
+def save_samples(image_path=None, clip_dir=None):
+    """Write the picture to ``image_path`` and the clip's frames into ``clip_dir`` (PNG)."""
+    import cv2
+
+    if image_path is not None:
+        _write_png(cv2, Path(image_path), sample_image())
+    if clip_dir is not None:
+        for i, rgb in enumerate(sample_clip()):
+            _write_png(cv2, Path(clip_dir) / f'frame_{i:02d}.png', rgb)
+
+
+def _write_png(cv2, path, rgb):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)):
+        raise OSError(f'{path}: could not be written')
 
 
 def isolated_ros_env(env=None):
@@ -146,7 +183,18 @@ def main(args=None):
                         help='longest answer (default 48)')
     parser.add_argument('--timeout', type=float, default=600.0,
                         help='seconds to wait for the node and for the answer (default 600)')
+    parser.add_argument('--save-image', metavar='PATH',
+                        help="write the demo's picture (PNG) and exit, no node started")
+    parser.add_argument('--save-clip', metavar='DIR',
+                        help='write a clip of it, one PNG per frame, into DIR and exit')
     opts = parser.parse_args(args)
+    if opts.save_image or opts.save_clip:
+        try:
+            save_samples(opts.save_image, opts.save_clip)
+        except OSError as exc:
+            print(f'[demo] {exc}', file=sys.stderr)
+            return 1
+        return 0
     try:
         return run(opts.max_new_tokens, opts.timeout)
     except KeyboardInterrupt:
