@@ -17,6 +17,8 @@ os.environ.setdefault('ROS_DOMAIN_ID', str(10 + os.getpid() % 90))
 # The ROS 2 wheels find their message packages through ament_index (the venv is the prefix).
 os.environ.setdefault('AMENT_PREFIX_PATH', sys.prefix)
 
+import child_processes  # noqa: E402
+
 from orin_llm_node.testing import make_tiny_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +48,8 @@ def _let_modules_skip_alone():
 
 
 _let_modules_skip_alone()
+# Servers and nodes a test starts end with the run, even one killed with SIGTERM.
+child_processes.install()
 
 
 @pytest.fixture(scope='session')

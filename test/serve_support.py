@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from child_processes import spawn
 import pytest
 
 #: How long a server may take to load the tiny checkpoint and answer (a loaded CI machine).
@@ -46,8 +47,7 @@ class Server:
         import httpx
         env = {**os.environ, **(self.env or {})}
         with open(self.log_path, 'ab') as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
+            self.proc = spawn(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
