@@ -115,6 +115,13 @@ def logged():
         logger.removeHandler(handler)
 
 
+@pytest.fixture(scope='session')
+def poisoned_ckpt(make_ckpt, ckpt_root):
+    """The tiny untied checkpoint with a NaN lm_head row (_poisoned_checkpoint); read-only."""
+    from _poisoned_checkpoint import poisoned_checkpoint
+    return poisoned_checkpoint(make_ckpt, ckpt_root / 'poisoned')
+
+
 def cuda_available():
     """Whether a CUDA device is usable (GPU tests skip cleanly otherwise)."""
     try:

@@ -375,3 +375,14 @@ def test_a_signal_stops_the_server_cleanly_mid_answer(tiny_ckpt, tmp_path, signu
         assert srv.proc.wait(60) == 0, srv.log()
     finally:
         srv.stop()
+
+
+def test_the_default_host_names_follow_the_bound_address():
+    from orin_llm_node.serve.main import allowed_hosts
+    this = {socket.gethostname(), socket.getfqdn()}
+    assert allowed_hosts('127.0.0.1') == {'127.0.0.1', 'localhost', '::1'}
+    assert allowed_hosts('127.0.0.1', 'robot.local, gpu-box') == {
+        '127.0.0.1', 'localhost', '::1', 'robot.local', 'gpu-box'}
+    assert allowed_hosts('192.168.1.7') == {'127.0.0.1', 'localhost', '::1', '192.168.1.7',
+                                            *this}
+    assert allowed_hosts('0.0.0.0') == {'127.0.0.1', 'localhost', '::1', 'ip', *this}

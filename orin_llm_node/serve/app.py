@@ -40,7 +40,8 @@ __all__ = ['create_app', 'host_name']
 
 def create_app(worker, served_model: str, *, api_key: str | None = None,
                default_max_tokens: int = 512, max_request_bytes: int = 32 * 2**20,
-               max_model_len: int | None = None, allowed_hosts=('127.0.0.1', 'localhost')):
+               max_model_len: int | None = None,
+               allowed_hosts=('127.0.0.1', 'localhost', '::1')):
     """The ASGI app serving ``worker``'s engine as ``served_model``.
 
     ``allowed_hosts``: the host names (no port) a request's ``Host`` header may name, ``'*'``
@@ -100,17 +101,17 @@ def create_app(worker, served_model: str, *, api_key: str | None = None,
 
     @app.post('/v1/chat/completions')
     async def chat_completions(request: Request):
+        loop = asyncio.get_running_loop()
         try:
             _check_json(request.headers.get('content-type'))
             raw = await _read_body(request, max_request_bytes)
             if raw is None:
                 return Response(status_code=204)  # the client went away while sending: to nobody
-            chat = await asyncio.get_running_loop().run_in_executor(parser, parse, raw)
+            chat = await loop.run_in_executor(parser, parse, raw)
         except RequestError as exc:
             return refuse(exc)
         del raw
         events: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
 
         def emit(event):  # on the engine's thread
             try:
