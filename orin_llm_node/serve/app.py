@@ -50,7 +50,6 @@ def create_app(worker, served_model: str, *, api_key: str | None = None,
     """
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from starlette.datastructures import Headers
 
     app = FastAPI(title='orin_llm_serve', docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
@@ -66,10 +65,9 @@ def create_app(worker, served_model: str, *, api_key: str | None = None,
         # Pure ASGI (a BaseHTTPMiddleware would sit between the routes and their receive).
         async def guarded(scope, receive, send):
             if scope['type'] == 'http':
-                headers = Headers(scope=scope)
-                error = hosts.refusal(headers.get('host'))
+                error = hosts.refusal(_header(scope, b'host'))
                 if error is None and api_key is not None:
-                    given = headers.get('authorization', '')
+                    given = _header(scope, b'authorization') or ''
                     if not hmac.compare_digest(given.encode(), f'Bearer {api_key}'.encode()):
                         error = RequestError(401, 'missing or wrong API key (Authorization: '
                                                   'Bearer ...)', kind='authentication_error')
@@ -196,23 +194,31 @@ async def _until_disconnect(receive) -> None:
         pass
 
 
+def _header(scope, name: bytes) -> str | None:
+    # The first value of header ``name`` (lower case) of an ASGI request.
+    for key, value in scope['headers']:
+        if key == name:
+            return value.decode('latin-1')
+    return None
+
+
 async def _read_body(request, limit: int) -> bytes | None:
     """The body, read chunk by chunk: 413 as soon as it passes ``limit`` (None: client gone)."""
-    from starlette.requests import ClientDisconnect
-
     declared = request.headers.get('content-length', '')
     if declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f'request body of {declared} bytes is larger than {limit}')
     chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise RequestError(413, f'request body is larger than {limit} bytes')
-            chunks.append(chunk)
-    except ClientDisconnect:
-        return None
-    return b''.join(chunks)
+    while True:
+        message = await request.receive()
+        if message['type'] == 'http.disconnect':
+            return None
+        chunk = message.get('body', b'')
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f'request body is larger than {limit} bytes')
+        chunks.append(chunk)
+        if not message.get('more_body', False):
+            return b''.join(chunks)
 
 
 def _check_json(content_type: str | None) -> None:
