@@ -33,9 +33,15 @@ def _share(folder):
 
 
 def _requirements(name):
-    """Read requirements/<name>.txt: dependencies are declared there, once."""
-    lines = (HERE / 'requirements' / f'{name}.txt').read_text().splitlines()
-    return [ln.split('#')[0].strip() for ln in lines if ln.split('#')[0].strip()]
+    """Read requirements/<name>.txt: dependencies are declared there, once (``-r`` followed)."""
+    found = []
+    for line in (HERE / 'requirements' / f'{name}.txt').read_text().splitlines():
+        line = line.split('#')[0].strip()
+        if line.startswith('-r '):
+            found += _requirements(Path(line[3:].strip()).stem)
+        elif line:
+            found.append(line)
+    return found
 
 
 setup(

@@ -3,7 +3,9 @@
 """Benchmark: our paged-KV engine against transformers' ``generate`` on the same prompt.
 
 One mid-size random Qwen3-VL checkpoint (text hidden 512, 8 layers; reduced vision tower),
-one 224x224 image + prompt, 128 greedy tokens. Measured for both, each side in its own child
+one 224x224 image + prompt, 128 greedy tokens on both sides whatever they are (no EOS ends
+either answer: the random model writes one at token 127), compared token for token
+(``tokens_identical``). Measured for both, each side in its own child
 process (so peak RSS is its own): time to first token and decode tokens/s (medians of
 ``--repeat`` cold turns), peak RSS; then the second turn's time to first token with (median
 over the ``--repeat`` conversations) and without our prefix cache (transformers recomputes the
@@ -12,6 +14,7 @@ against a contiguous allocation of ``max_model_len`` tokens. Prints JSON on stdo
 PNG (default ``bench/results/engine_vs_reference.png``).
 
     .venv/bin/python bench/engine_vs_reference.py [--device cpu|cuda] [--threads N] [--out DIR]
+    .venv/bin/python bench/engine_vs_reference.py --repeat 1   # the quick run: about 2 min
 
 On a shared CPU the figures move by tens of percent from run to run; both sides are bound by
 reading the fp32 weights once per token there. Not run by CI; needs transformers (test
@@ -175,7 +178,11 @@ def run_reference(ckpt: str, device: str, threads: int, repeat: int, prompt_ids,
     def generate(ids, n):
         ids = torch.tensor([ids], device=device)
         config = copy.deepcopy(model.generation_config)
-        config.do_sample, config.max_new_tokens, config.eos_token_id = False, n, None
+        config.do_sample, config.max_new_tokens = False, n
+        # No EOS ends the answer, as ignore_eos on our side: every run is n tokens on both.
+        # An empty list, not None: generate takes a None from the checkpoint's
+        # generation_config, and the random model's EOS then cut its answer short.
+        config.eos_token_id, config.pad_token_id = [], 0
         stamps = _Timestamps()
         _sync(device)
         t0 = time.perf_counter()

@@ -123,7 +123,10 @@ def run_reference(ckpt: str, threads: int, prompt_ids, follow_ids, frames, queue
     def generate(ids, n):
         ids = torch.tensor([ids])
         config = copy.deepcopy(model.generation_config)
-        config.do_sample, config.max_new_tokens, config.eos_token_id = False, n, None
+        config.do_sample, config.max_new_tokens = False, n
+        # No EOS ends the answer, as ignore_eos on our side (None would be replaced by the
+        # checkpoint's eos ids: see engine_vs_reference.py).
+        config.eos_token_id, config.pad_token_id = [], 0
         stamps = evr._Timestamps()
         t0 = time.perf_counter()
         with torch.inference_mode():

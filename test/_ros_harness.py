@@ -19,6 +19,7 @@ import sys
 import time
 
 from builtin_interfaces.msg import Time
+from child_processes import spawn
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
@@ -267,8 +268,7 @@ def start_node(ckpt, ns, log_dir, *params, managed=False, command=None, env=None
     for p in params:
         cmd += ['-p', p]
     with open(log_path, 'w') as log:
-        proc = subprocess.Popen(cmd, env=env or ros_env(), stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = spawn(cmd, env=env or ros_env(), stdout=log, stderr=subprocess.STDOUT)
     proc.log_path = log_path
     return proc
 

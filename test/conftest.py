@@ -2,6 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Shared fixtures; ROS isolation is set here, before anything can import rclpy."""
 
+import logging
 import os
 from pathlib import Path
 import sys
@@ -16,6 +17,8 @@ os.environ['ROS_LOCALHOST_ONLY'] = '1'
 os.environ.setdefault('ROS_DOMAIN_ID', str(10 + os.getpid() % 90))
 # The ROS 2 wheels find their message packages through ament_index (the venv is the prefix).
 os.environ.setdefault('AMENT_PREFIX_PATH', sys.prefix)
+
+import child_processes  # noqa: E402
 
 from orin_llm_node.testing import make_tiny_checkpoint  # noqa: E402
 
@@ -46,6 +49,8 @@ def _let_modules_skip_alone():
 
 
 _let_modules_skip_alone()
+# Servers and nodes a test starts end with the run, even one killed with SIGTERM.
+child_processes.install()
 
 
 @pytest.fixture(scope='session')
@@ -78,6 +83,45 @@ def tiny_ckpt(make_ckpt):
     return make_ckpt('default')
 
 
+class _Records(logging.Handler):
+    def __init__(self, records: list):
+        super().__init__(logging.DEBUG)
+        self.records = records
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def logged():
+    """Return ``logged(name)``: the list of what logger ``name`` logs during the test.
+
+    The handler sits on that logger itself, unlike ``caplog``'s on the root: under ``colcon
+    test`` launch_testing's plugin imports ``launch``, whose logger class gives every logger
+    made after it ``propagate = False``, and the root then sees none of their records.
+    """
+    attached = []
+
+    def attach(name: str) -> list:
+        records = []
+        logger = logging.getLogger(name)
+        handler = _Records(records)
+        logger.addHandler(handler)
+        attached.append((logger, handler))
+        return records
+
+    yield attach
+    for logger, handler in attached:
+        logger.removeHandler(handler)
+
+
+@pytest.fixture(scope='session')
+def poisoned_ckpt(make_ckpt, ckpt_root):
+    """The tiny untied checkpoint with a NaN lm_head row (_poisoned_checkpoint); read-only."""
+    from _poisoned_checkpoint import poisoned_checkpoint
+    return poisoned_checkpoint(make_ckpt, ckpt_root / 'poisoned')
+
+
 def cuda_available():
     """Whether a CUDA device is usable (GPU tests skip cleanly otherwise)."""
     try:
@@ -89,7 +133,13 @@ def cuda_available():
 
 @pytest.fixture(scope='module')
 def tiny_server(tiny_ckpt, tmp_path_factory):
-    """orin_llm_serve on the tiny checkpoint (a real process on loopback), one per module."""
+    """orin_llm_serve on the tiny checkpoint (a real process on loopback), one per module.
+
+    Skipped without the off-board extras (requirements/openai.txt, serve.txt; test.txt brings
+    both).
+    """
+    for module in ('httpx', 'fastapi', 'uvicorn'):
+        pytest.importorskip(module)
     from serve_support import Server
     srv = Server(tiny_ckpt, tmp_path_factory.mktemp('serve') / 'serve.log',
                  '--max-model-len', '8192').start()

@@ -5,8 +5,10 @@
 Imported by test/test_launch*.py only after they have checked that launch_testing is present.
 """
 
+import atexit
 import os
 from pathlib import Path
+import shutil
 import tempfile
 import time
 import unittest
@@ -35,7 +37,9 @@ def launch_description(**arguments):
     os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE'] = 'LOCALHOST'
     os.environ['ROS_LOCALHOST_ONLY'] = '1'
     os.environ.setdefault('ROS_DOMAIN_ID', str(10 + os.getpid() % 90))
-    ckpt = make_tiny_checkpoint(Path(tempfile.mkdtemp(prefix='orin_llm_launch_')) / 'tiny')
+    scratch = tempfile.mkdtemp(prefix='orin_llm_launch_')  # outside pytest's tmp_path: ours
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    ckpt = make_tiny_checkpoint(Path(scratch) / 'tiny')
     # The files of the copy under test: the checkout's when orin_llm_node is imported from it,
     # the install's share/ when only the colcon-built package is on the path.
     share = share_dir()

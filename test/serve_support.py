@@ -8,8 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
+from child_processes import spawn
 import pytest
 
 #: How long a server may take to load the tiny checkpoint and answer (a loaded CI machine).
@@ -46,8 +48,7 @@ class Server:
         import httpx
         env = {**os.environ, **(self.env or {})}
         with open(self.log_path, 'ab') as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
+            self.proc = spawn(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -95,6 +96,77 @@ class Server:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+class RssPeak:
+    """The most resident memory of a process above what it held at the start (MB), sampled.
+
+    Sampled every 10 ms on a thread while the ``with`` block runs: what a request holds for
+    longer than that shows (a body read whole, images decoded), the noise of a few MB does
+    not matter beside the hundreds of MB that a missing bound costs.
+    """
+
+    def __init__(self, pid: int):
+        import psutil
+        self._proc = psutil.Process(pid)
+        self.start_mb = self.peak_mb = self._rss()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _rss(self) -> float:
+        return self._proc.memory_info().rss / 2**20
+
+    def _sample(self):
+        while not self._done.wait(0.01):
+            self.peak_mb = max(self.peak_mb, self._rss())
+
+    def __enter__(self) -> 'RssPeak':
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        self.end_mb = self._rss()
+
+    @property
+    def growth_mb(self) -> float:
+        """Peak minus start."""
+        return self.peak_mb - self.start_mb
+
+    @property
+    def kept_mb(self) -> float:
+        """End minus start: what the process still holds."""
+        return self.end_mb - self.start_mb
+
+
+class HealthWatch:
+    """Polls ``/health`` on a thread while the ``with`` block runs; the slowest answer (s).
+
+    A request whose work blocks the event loop makes ``/health`` wait as long.
+    """
+
+    def __init__(self, server: Server):
+        self._url = server.url.replace('/v1', '/health')
+        self.slowest_s = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self):
+        import httpx
+        with httpx.Client(trust_env=False, timeout=120) as client:
+            while not self._done.wait(0.05):
+                t0 = time.monotonic()
+                client.get(self._url).raise_for_status()
+                self.slowest_s = max(self.slowest_s, time.monotonic() - t0)
+
+    def __enter__(self) -> 'HealthWatch':
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
 
 
 class VLLMServer(Server):

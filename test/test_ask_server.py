@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from child_processes import spawn
 import numpy as np
 import pytest
 
@@ -355,7 +356,7 @@ SHORT_LEASE = """<?xml version="1.0" encoding="UTF-8"?>
 
 
 def _chat(*args, env=None):
-    return subprocess.Popen(
+    return spawn(
         [sys.executable, '-m', 'orin_llm_node.cli.chat', '--action', '-n', NS, '--timeout', '60',
          *args], env=env or ros_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)

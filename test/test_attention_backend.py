@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from orin_llm_node.engine import EngineConfig, LLMEngine
-from orin_llm_node.kernels import cuda_ops, dispatch
+from orin_llm_node.kernels import backend_factory, cuda_ops, dispatch
 from orin_llm_node.kernels.backend_factory import make_attention_backend
 
 HEADS = 4
@@ -38,12 +38,16 @@ def _must_not_build(*_args):
     pytest.fail('the CuPy build was attempted')
 
 
-def test_auto_falls_back_to_torch_with_the_reason_and_one_warning(caplog):
-    with caplog.at_level(logging.WARNING):
-        attn, fused, reason = make_attention_backend(_kv(), HEADS, 128, 'auto', _failing_build)
+@pytest.mark.parametrize('propagate', [True, False], ids=['propagating', 'launch-logger'])
+def test_auto_falls_back_to_torch_with_the_reason_and_one_warning(logged, monkeypatch,
+                                                                  propagate):
+    # propagate=False: the logger as it is under colcon test (launch's logger class).
+    monkeypatch.setattr(logging.getLogger(backend_factory.__name__), 'propagate', propagate)
+    records = logged(backend_factory.__name__)
+    attn, fused, reason = make_attention_backend(_kv(), HEADS, 128, 'auto', _failing_build)
     assert attn.name == 'torch' and not attn.graph_safe and fused is None
     assert reason == f'RuntimeError: {NO_HEADERS}'
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    warnings = [r for r in records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and 'Failed to find CUDA headers' in warnings[0].getMessage()
     assert dispatch.kernels_for(torch.zeros(1)) is None  # no fused layer kernels installed
 

@@ -12,6 +12,7 @@ checked on :class:`BlindWatch` itself.  Budget: ~30 s on 2 busy cores.
 
 import subprocess
 
+from child_processes import spawn
 import numpy as np
 import pytest
 
@@ -31,7 +32,7 @@ FRAME = np.full((48, 64, 3), 90, np.uint8)            # 9216 bytes of rgb8: 9 KB
 def probe(tmp_path_factory):
     log_path = tmp_path_factory.mktemp('blind') / 'node.log'
     with open(log_path, 'w') as log:
-        proc = subprocess.Popen(
+        proc = spawn(
             node_command() + ['--ros-args', '-r', f'__ns:={NS}',
                               '-p', 'image_topics:=[stopped, quiet, lossy]'],
             env=defaults_env(), stdout=log, stderr=subprocess.STDOUT)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from child_processes import spawn
 import cv2
 import pytest
 
@@ -42,7 +43,7 @@ QUESTION = 'What colour is the shape?'
 
 def start(ns, log_path, *ros_args):
     with open(log_path, 'w') as log:
-        proc = subprocess.Popen(node_command() + ['--ros-args', '-r', f'__ns:={ns}', *ros_args],
+        proc = spawn(node_command() + ['--ros-args', '-r', f'__ns:={ns}', *ros_args],
                                 env=defaults_env(), stdout=log, stderr=subprocess.STDOUT)
     proc.log_path = log_path
     return proc

@@ -62,10 +62,17 @@ def _row_int8_checkpoint(src, dst):
     return dense
 
 
-def test_a_new_format_is_one_class(tiny_ckpt, tmp_path, monkeypatch):
-    dense = _row_int8_checkpoint(tiny_ckpt, tmp_path / 'row-int8')
+@pytest.fixture(scope='module')
+def row_int8(tiny_ckpt, tmp_path_factory):
+    """(the checkpoint, its dense values): read-only, one for the module."""
+    ckpt = tmp_path_factory.mktemp('row_int8') / 'ckpt'
+    return ckpt, _row_int8_checkpoint(tiny_ckpt, ckpt)
+
+
+def test_a_new_format_is_one_class(row_int8, monkeypatch):
+    ckpt, dense = row_int8
     monkeypatch.setitem(DECLARED, RowScaledInt8.name, RowScaledInt8())
-    model = load_model(tmp_path / 'row-int8')
+    model = load_model(ckpt)
     assert model.weight_format == 'row-int8:int8'
     assert dense
     for name, want in dense.items():
@@ -75,12 +82,11 @@ def test_a_new_format_is_one_class(tiny_ckpt, tmp_path, monkeypatch):
         assert torch.equal(got if shard is None else layer.shard(got, shard), want), name
 
 
-def test_an_undeclared_format_is_one_sentence(tiny_ckpt, tmp_path):
+def test_an_undeclared_format_is_one_sentence(row_int8):
     from orin_llm_node.errors import ModelLoadError
 
-    _row_int8_checkpoint(tiny_ckpt, tmp_path / 'row-int8')
     with pytest.raises(ModelLoadError, match="quant_method='row-int8'.*unknown method"):
-        load_model(tmp_path / 'row-int8')
+        load_model(row_int8[0])
 
 
 @pytest.mark.parametrize('quantization', sorted(AT_LOAD_FORMATS))

@@ -18,6 +18,7 @@ import configparser
 import json
 import os
 from pathlib import Path
+import re
 import shlex
 import shutil
 import subprocess
@@ -33,9 +34,9 @@ if COLCON is None:
 
 pytestmark = [pytest.mark.ros, pytest.mark.colcon]
 
-# Parts of a checkout that a build never reads (virtualenvs, build trees, caches, git).
-NOT_COPIED = {'.git', '.venv', '.venv-np1', 'build', 'install', 'log', '.whl', '.pytest_cache',
-              '.ruff_cache', '.hypothesis'}
+# Parts of a checkout that a build never reads: build trees, and every top-level dot entry
+# (git, the virtualenvs -- .venv-vllm alone is 3.5 GB --, caches).
+NOT_COPIED = {'build', 'install', 'log'}
 BUILD_TIMEOUT_S = 1800
 
 # Runs in the sourced workspace; prints one JSON line.
@@ -66,8 +67,8 @@ print(json.dumps({
 
 def _ignore(directory, names):
     top = Path(directory).resolve() == REPO
-    return [n for n in names
-            if n == '__pycache__' or n.endswith('.egg-info') or (top and n in NOT_COPIED)]
+    return [n for n in names if n == '__pycache__' or n.endswith('.egg-info')
+            or (top and (n in NOT_COPIED or n.startswith('.')))]
 
 
 def _files(root):
@@ -188,3 +189,44 @@ def test_the_action_round_trip_passes_against_the_install(workspace):
                                         'no:cacheprovider', 'test_ask_action.py'],
                          cwd=install.parent / 'src' / PACKAGE / 'test')
     assert done.returncode == 0 and '2 passed' in done.stdout, done.stdout[-3000:] + done.stderr
+
+
+# What importing launch does to logging (launch/logging/__init__.py: its logger class sets
+# propagate=False on every logger made after it), for a colcon test run here, where
+# launch_testing (whose pytest plugin imports launch under colcon test) is not installed.
+LAUNCH_LOGGING = """
+import logging
+
+
+class NonPropagating(logging.getLoggerClass()):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.propagate = False
+
+
+logging.setLoggerClass(NonPropagating)
+"""
+
+
+def test_colcon_test_runs_the_suite_from_the_install(workspace, tmp_path):
+    # The ctest-registered suite, as `colcon test` runs it, on what failed under a real colcon
+    # test: a warning asserted through the logger (launch's loggers do not propagate) and the
+    # orin_llm_check tests against orin_llm_serve (the off-board extras of test.txt).
+    install, env, _ = workspace
+    (tmp_path / 'launch_logging.py').write_text(LAUNCH_LOGGING)
+    env = dict(env, PYTHONPATH=str(tmp_path), PYTEST_ADDOPTS=(
+        '-p launch_logging -k "falls_back_to_torch_with or backend_openai"'))
+    done = _in_workspace(install, env, [
+        COLCON, '--log-base', str(tmp_path / 'log'), 'test', '--build-base',
+        str(install.parent / 'build'), '--install-base', str(install),
+        '--event-handlers', 'console_direct+', '--return-code-on-test-failure'],
+        cwd=install.parent)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert re.search(r'\b5 passed\b', done.stdout), done.stdout[-3000:]
+
+
+def test_the_copy_leaves_out_every_virtualenv_and_cache():
+    # A checkout beside `make test-vllm` holds .venv-vllm (3.5 GB): copied, it filled the disk.
+    names = ['.git', '.venv', '.venv-np1', '.venv-vllm', '.hypothesis', 'orin_llm_node',
+             'setup.py', 'package.xml']
+    assert _ignore(REPO, names) == names[:5]

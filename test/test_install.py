@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = 'orin_llm_node'
 SHARE_FOLDERS = ('launch', 'config', 'cuda_kernels')
 # Top-level parts of a checkout that a package build never needs (some are large).
-NOT_BUILT = {'.git', '.venv', 'build', 'install', 'log', 'test', 'bench', 'tools', '.whl',
-             '.pytest_cache', '.ruff_cache', '.venv-np1'}
+# (Every top-level dot entry too: .git, the virtualenvs -- .venv-vllm alone is 3.5 GB --, caches.)
+NOT_BUILT = {'build', 'install', 'log', 'test', 'bench', 'tools'}
 
 # Runs in the fresh interpreter: argv = checkout, scratch directory; prints one JSON line.
 PROBE = r"""
@@ -90,8 +90,8 @@ def _files(root):
 def _ignore(directory, names):
     """Leave out of the copy what a build never reads (caches, virtualenvs, tests, git)."""
     top = Path(directory).resolve() == REPO
-    return [n for n in names
-            if n == '__pycache__' or n.endswith('.egg-info') or (top and n in NOT_BUILT)]
+    return [n for n in names if n == '__pycache__' or n.endswith('.egg-info')
+            or (top and (n in NOT_BUILT or n.startswith('.')))]
 
 
 @pytest.fixture(scope='module')
@@ -179,3 +179,10 @@ def test_target_install_is_whole(source_copy, tmp_path):
     target = tmp_path / 'target'
     _pip_install(source_copy, '--target', str(target))
     _check(_probe(target, tmp_path / 'scratch'), target, target / 'share' / PACKAGE)
+
+
+def test_the_copy_leaves_out_every_virtualenv_and_cache():
+    # A checkout beside `make test-vllm` holds .venv-vllm (3.5 GB): copied, it filled the disk.
+    names = ['.git', '.venv', '.venv-np1', '.venv-vllm', '.hypothesis', 'orin_llm_node',
+             'setup.py', 'package.xml']
+    assert _ignore(REPO, names) == names[:5]

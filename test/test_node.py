@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from child_processes import spawn
 import pytest
 
 rclpy = pytest.importorskip('rclpy')
@@ -479,9 +480,9 @@ def test_two_clients_each_get_their_own_answer(single, reference):
         reference.reset(conv)
     assert expected[0] != expected[1]
     cmd = [sys.executable, '-m', 'orin_llm_node.cli.chat']
-    clients = [subprocess.Popen(cmd + ['-n', SINGLE_NS, '--timeout', '120', text],
-                                env=ros_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for text in texts]
+    clients = [spawn(cmd + ['-n', SINGLE_NS, '--timeout', '120', text], env=ros_env(),
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for text in texts]
     outs = [c.communicate(timeout=180) for c in clients]
     for client, (out, err), answer in zip(clients, outs, expected, strict=True):
         assert client.returncode == 0, err[-2000:]

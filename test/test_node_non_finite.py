@@ -11,7 +11,6 @@ import pytest
 
 rclpy = pytest.importorskip('rclpy')
 
-from _poisoned_checkpoint import poisoned_checkpoint  # noqa: E402
 from _ros_harness import EVENT_TIMEOUT, connect, start_node, stop  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -19,9 +18,9 @@ pytestmark = pytest.mark.ros
 NS = '/llm_non_finite'
 
 
-def test_a_nan_step_is_an_error_answer_and_the_node_serves_on(make_ckpt, tmp_path):
-    ckpt = poisoned_checkpoint(make_ckpt, tmp_path / 'ckpt')
-    proc = start_node(ckpt, NS, tmp_path, 'temperature:=0.8', 'seed:=3', 'max_new_tokens:=6')
+def test_a_nan_step_is_an_error_answer_and_the_node_serves_on(poisoned_ckpt, tmp_path):
+    proc = start_node(poisoned_ckpt, NS, tmp_path, 'temperature:=0.8', 'seed:=3',
+                      'max_new_tokens:=6')
     probe = None
     try:
         probe = connect(proc, NS)

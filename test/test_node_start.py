@@ -12,6 +12,7 @@ reason and can be activated again.  Budget: ~1-2 min on 2 busy cores (a start-up
 import subprocess
 import sys
 
+from child_processes import spawn
 import pytest
 
 rclpy = pytest.importorskip('rclpy')
@@ -96,7 +97,7 @@ def test_a_managed_node_whose_activation_fails_refuses_it_and_can_retry(tiny_ckp
     ns = '/llm_activation_managed'
     log_path = tmp_path / 'node.log'
     with open(log_path, 'w') as log:
-        proc = subprocess.Popen(failing_node(tmp_path, ns, tiny_ckpt, '--managed'),
+        proc = spawn(failing_node(tmp_path, ns, tiny_ckpt, '--managed'),
                                 env=ros_env(), stdout=log, stderr=subprocess.STDOUT)
     probe = Probe(ns)
     try:

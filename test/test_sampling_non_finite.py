@@ -12,7 +12,6 @@ checkpoint (safetensors) whose ``lm_head`` gives one token a NaN logit at every 
 
 import math
 
-from _poisoned_checkpoint import poisoned_checkpoint
 import numpy as np
 import pytest
 import torch
@@ -105,13 +104,8 @@ def test_a_seed_reproduces_the_draws_and_greedy_is_the_argmax():
 
 
 @pytest.fixture(scope='module')
-def poisoned(make_ckpt, tmp_path_factory):
-    return poisoned_checkpoint(make_ckpt, tmp_path_factory.mktemp('poisoned') / 'ckpt')
-
-
-@pytest.fixture(scope='module')
-def engine(poisoned):
-    eng = LLMEngine(EngineConfig(model_path=poisoned, device='cpu', block_size=4,
+def engine(poisoned_ckpt):
+    eng = LLMEngine(EngineConfig(model_path=poisoned_ckpt, device='cpu', block_size=4,
                                  num_kv_blocks=256, block_order_seed=3))
     yield eng
     eng.reset()

@@ -6,7 +6,17 @@ A request is read (``chat_request``), queued on the engine's thread (``engine_wo
 answered as a JSON completion or as server-sent events. Errors have the OpenAI shape. A
 streamed answer starts only once the engine has taken the request: a request the engine
 refuses (bad input, a prompt longer than the context) is an HTTP error, not a stream. When a
-client goes away, its queued request is dropped and its running answer cancelled.
+client goes away, its queued request is dropped and its running answer cancelled, streamed or
+not.
+
+What the event loop never does: hold more of a body than ``max_request_bytes`` (it is read
+chunk by chunk and refused with 413 once past it), parse a body (a thread does, one at a
+time, so ``/health`` answers meanwhile) or decode an image (the engine's thread does). Every
+request names a host this server answers for in its ``Host`` header (``allowed_hosts``: a
+page under another name, as DNS rebinding makes one, is refused with 400) and every chat
+request is ``application/json`` (415 otherwise: the simple requests a web page may send
+without asking first are none); no CORS header is ever sent, so browsers keep other origins'
+scripts from reading an answer.
 
 Extensions a client may use: ``return_token_ids`` (vLLM's: ``prompt_token_ids`` and per
 choice ``token_ids``), ``usage.prompt_tokens_details.cached_tokens`` (prefix-cache hits),
@@ -15,6 +25,7 @@ and the engine's own finish reasons beside ``stop`` and ``length`` (``kv_exhaust
 """
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 import hmac
 import json
 import time
@@ -24,30 +35,49 @@ from orin_llm_node import bounded_json
 from orin_llm_node.serve.chat_request import RequestError, parse_chat_request
 from orin_llm_node.serve.engine_worker import Job, QueueFull
 
-__all__ = ['create_app']
+__all__ = ['create_app', 'host_name']
 
 
 def create_app(worker, served_model: str, *, api_key: str | None = None,
                default_max_tokens: int = 512, max_request_bytes: int = 32 * 2**20,
-               max_model_len: int | None = None):
-    """The ASGI app serving ``worker``'s engine as ``served_model``."""
+               max_model_len: int | None = None,
+               allowed_hosts=('127.0.0.1', 'localhost', '::1')):
+    """The ASGI app serving ``worker``'s engine as ``served_model``.
+
+    ``allowed_hosts``: the host names (no port) a request's ``Host`` header may name, ``'*'``
+    among them for any; ``'ip'`` among them for any IP address (what a client that reaches a
+    wildcard-bound server by address sends, and DNS rebinding never does).
+    """
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     app = FastAPI(title='orin_llm_serve', docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
+    # One body parsed at a time: a parse holds a body and its JSON, and the engine takes one
+    # request at a time anyway.
+    parser = ThreadPoolExecutor(1, thread_name_prefix='orin_llm_serve_parse')
+    hosts = _HostCheck(allowed_hosts)
 
     def refuse(error: RequestError, headers=None):
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
-    @app.middleware('http')
-    async def authorise(request: Request, call_next):
-        if api_key is not None:
-            given = request.headers.get('authorization', '')
-            if not hmac.compare_digest(given.encode(), f'Bearer {api_key}'.encode()):
-                return refuse(RequestError(401, 'missing or wrong API key (Authorization: '
-                                                'Bearer ...)', kind='authentication_error'))
-        return await call_next(request)
+    def guard(app_):
+        # Pure ASGI (a BaseHTTPMiddleware would sit between the routes and their receive).
+        async def guarded(scope, receive, send):
+            if scope['type'] == 'http':
+                error = hosts.refusal(_header(scope, b'host'))
+                if error is None and api_key is not None:
+                    given = _header(scope, b'authorization') or ''
+                    if not hmac.compare_digest(given.encode(), f'Bearer {api_key}'.encode()):
+                        error = RequestError(401, 'missing or wrong API key (Authorization: '
+                                                  'Bearer ...)', kind='authentication_error')
+                if error is not None:
+                    await refuse(error)(scope, receive, send)
+                    return
+            await app_(scope, receive, send)
+        return guarded
+
+    app.add_middleware(guard)
 
     @app.get('/health')
     async def health():
@@ -60,21 +90,25 @@ def create_app(worker, served_model: str, *, api_key: str | None = None,
             'id': served_model, 'object': 'model', 'created': created,
             'owned_by': 'orin_llm_node', 'max_model_len': max_model_len}]}
 
+    def parse(raw: bytes):  # on the parser's thread
+        try:
+            body = bounded_json.loads(raw.decode('utf-8'))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestError(400, f'the request body is not valid JSON: {exc}') from None
+        return parse_chat_request(body, served_model, default_max_tokens)
+
     @app.post('/v1/chat/completions')
     async def chat_completions(request: Request):
-        raw = await request.body()
+        loop = asyncio.get_running_loop()
         try:
-            if len(raw) > max_request_bytes:
-                raise RequestError(413, f'request body of {len(raw)} bytes is larger than '
-                                        f'{max_request_bytes}')
-            try:
-                body = bounded_json.loads(raw.decode('utf-8'))
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise RequestError(400, f'the request body is not valid JSON: {exc}') from None
-            chat = parse_chat_request(body, served_model, default_max_tokens)
+            _check_json(request.headers.get('content-type'))
+            raw = await _read_body(request, max_request_bytes)
+            if raw is None:
+                return Response(status_code=204)  # the client went away while sending: to nobody
+            chat = await loop.run_in_executor(parser, parse, raw)
         except RequestError as exc:
             return refuse(exc)
-        loop = asyncio.get_running_loop()
+        del raw
         events: asyncio.Queue = asyncio.Queue()
 
         def emit(event):  # on the engine's thread
@@ -90,23 +124,31 @@ def create_app(worker, served_model: str, *, api_key: str | None = None,
             return refuse(RequestError(429, str(exc), kind='rate_limit_exceeded'),
                           headers={'Retry-After': '1'})
         answer = _Answer(chat, served_model)
+        # Until a response starts, nothing else reads this request's messages: a client that
+        # leaves is seen here (its job dropped or cancelled), streamed or not.
+        watch = asyncio.ensure_future(_until_disconnect(request.receive))
+        watch.add_done_callback(lambda t: t.cancelled() or events.put_nowait(_GONE))
         try:
-            first = await events.get()
-        except asyncio.CancelledError:
+            first = last = await events.get()
+            while not chat.stream and last[0] == 'delta':
+                answer.add(last[1])
+                last = await events.get()
+        except asyncio.CancelledError:  # the server stopping
             job.cancel()
             raise
+        finally:
+            watch.cancel()
+        if last is _GONE:
+            job.cancel()
+            return Response(status_code=204)  # to nobody
         error = answer.refusal(first)
         if error is not None:
             return refuse(error)
         if not chat.stream:
-            event = first
-            while event[0] == 'delta':
-                answer.add(event[1])
-                event = await events.get()
-            error = answer.refusal(event)
+            error = answer.refusal(last)
             if error is not None:
                 return refuse(error)
-            answer.add(event[1])
+            answer.add(last[1])
             return answer.completion()
 
         async def sse():
@@ -115,6 +157,8 @@ def create_app(worker, served_model: str, *, api_key: str | None = None,
             event, out = first, [answer.sse(answer.head())]
             try:
                 while True:
+                    if event is _GONE:  # seen by the watch just before the stream began
+                        return
                     if event[0] in ('invalid', 'failed'):
                         out.append(answer.sse({'error': {'message': event[1],
                                                          'type': 'server_error', 'code': 500}}))
@@ -138,6 +182,96 @@ def create_app(worker, served_model: str, *, api_key: str | None = None,
         return StreamingResponse(sse(), media_type='text/event-stream')
 
     return app
+
+
+#: What the event queue of a request gets when its client goes away before the answer.
+_GONE = ('gone', None)
+
+
+async def _until_disconnect(receive) -> None:
+    # Returns when the client has gone away (once the body is read, that is all that comes).
+    while (await receive())['type'] != 'http.disconnect':
+        pass
+
+
+def _header(scope, name: bytes) -> str | None:
+    # The first value of header ``name`` (lower case) of an ASGI request.
+    for key, value in scope['headers']:
+        if key == name:
+            return value.decode('latin-1')
+    return None
+
+
+async def _read_body(request, limit: int) -> bytes | None:
+    """The body, read chunk by chunk: 413 as soon as it passes ``limit`` (None: client gone)."""
+    declared = request.headers.get('content-length', '')
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f'request body of {declared} bytes is larger than {limit}')
+    chunks, size = [], 0
+    while True:
+        message = await request.receive()
+        if message['type'] == 'http.disconnect':
+            return None
+        chunk = message.get('body', b'')
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f'request body is larger than {limit} bytes')
+        chunks.append(chunk)
+        if not message.get('more_body', False):
+            return b''.join(chunks)
+
+
+def _check_json(content_type: str | None) -> None:
+    # A web page may send text/plain, form data or no type to any address without a CORS
+    # preflight; application/json needs one, which this server never grants.
+    kind = (content_type or '').split(';', 1)[0].strip().lower()
+    if kind != 'application/json':
+        raise RequestError(415, f'the request body must be application/json, not '
+                                f'{content_type or "untyped"}')
+
+
+def host_name(host: str | None) -> str | None:
+    """The name in a ``Host`` header, lower case, without port or final dot (None: none)."""
+    if not host:
+        return None
+    host = host.strip().lower()
+    if host.startswith('['):            # [::1]:8000
+        name = host[1:].split(']', 1)[0]
+    else:
+        name = host.rsplit(':', 1)[0] if host.count(':') == 1 else host
+    return name.rstrip('.')
+
+
+class _HostCheck:
+    # The Host header a request must carry: one of the allowed names, or any IP address when
+    # 'ip' is allowed ('*': anything).
+
+    def __init__(self, allowed):
+        self.any = '*' in allowed
+        self.ip = 'ip' in allowed
+        self.names = {host_name(h) for h in allowed} - {'*', 'ip'}
+
+    def refusal(self, host: str | None) -> RequestError | None:
+        if self.any:
+            return None
+        name = host_name(host)
+        if name is None:
+            return RequestError(400, 'the request has no Host header')
+        if name in self.names or (self.ip and _is_ip(name)):
+            return None
+        return RequestError(400, f'Host {name!r} is not one this server answers for (it '
+                                 f'answers for {", ".join(sorted(self.names))}; orin_llm_serve '
+                                 '--allowed-hosts adds names)')
+
+
+def _is_ip(name: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 class _Answer:

@@ -10,6 +10,11 @@ vLLM extensions ``top_k``, ``ignore_eos``, ``structured_outputs.regex`` and
 ``return_token_ids``; ``stream`` with ``stream_options.include_usage``. Anything that would
 change the answer and is not supported (``tools``, ``stop``, ``n`` > 1, penalties,
 ``logprobs``) is refused, never ignored; other keys (``user``, ``metadata``, ...) are.
+
+Images are read here only as far as their headers (format and size: within
+``MAX_IMAGE_PIXELS`` each and ``MAX_REQUEST_PIXELS`` together) and decoded by whoever runs the
+request (:func:`decoded`): a request waiting in the queue holds its images compressed, and an
+image of an earlier turn the server still holds is never decoded at all.
 """
 
 import base64
@@ -23,10 +28,14 @@ from PIL import Image
 
 from orin_llm_node.engine import SamplingParams
 
-__all__ = ['ChatRequest', 'RequestError', 'parse_chat_request']
+__all__ = ['ChatRequest', 'EncodedImage', 'RequestError', 'decoded', 'parse_chat_request']
 
 #: The largest decoded image taken (pixels): far above any camera, far below a memory bomb.
 MAX_IMAGE_PIXELS = 40_000_000
+#: The most pixels of all the images of one request together (earlier turns included): 192 MB
+#: of RGB at most, however many images a body of 32 MiB holds (a solid PNG of 40 Mpx is a few
+#: hundred kB).
+MAX_REQUEST_PIXELS = 64_000_000
 
 
 class RequestError(Exception):
@@ -48,7 +57,8 @@ class ChatRequest:
     """One request as the engine takes it.
 
     ``exchanges``: the earlier turns as (user message parts, assistant answer); ``parts``:
-    the new user message (str and RGB uint8 arrays, in order). ``history_key`` names every
+    the new user message (str and ``EncodedImage``, in order: :func:`decoded` gives the
+    engine's str and RGB uint8 arrays). ``history_key`` names every
     message before the new one and ``key`` every message (images by a hash of their URL):
     the server finds the conversation to continue by them.
     """
@@ -62,6 +72,29 @@ class ChatRequest:
     return_token_ids: bool
     history_key: tuple
     key: tuple
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image of a request as it came (compressed), its size read from its header."""
+
+    data: bytes
+    width: int
+    height: int
+    where: str
+
+    def decode(self) -> np.ndarray:
+        """The RGB uint8 array (``ValueError`` when the data past the header is broken)."""
+        try:
+            with Image.open(io.BytesIO(self.data)) as img:
+                return np.array(img.convert('RGB'))
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise ValueError(f'{self.where}: the image cannot be decoded ({exc})') from None
+
+
+def decoded(parts) -> list:
+    """``parts`` with each ``EncodedImage`` decoded (the engine's str and RGB arrays)."""
+    return [p.decode() if isinstance(p, EncodedImage) else p for p in parts]
 
 
 #: Keys that would change the answer if honoured (refused unless at their "not used" value).
@@ -92,7 +125,7 @@ def parse_chat_request(body, served_model: str, default_max_tokens: int) -> Chat
     for key in _UNSUPPORTED:
         if not _unused(key, body.get(key)):
             raise RequestError(400, f'{key} is not supported by orin_llm_serve', key)
-    system, exchanges, parts, keys = _messages(body.get('messages'))
+    system, exchanges, parts, keys = _messages(body.get('messages'), _PixelBudget())
     stream = _flag(body, 'stream')
     options = body.get('stream_options') or {}
     if not isinstance(options, dict):
@@ -160,7 +193,22 @@ def _response_format(body: dict):
                        'response_format')
 
 
-def _messages(messages):
+class _PixelBudget:
+    # The pixels a request's images may still take (MAX_REQUEST_PIXELS in all).
+
+    def __init__(self):
+        self.left = MAX_REQUEST_PIXELS
+
+    def take(self, image: EncodedImage) -> EncodedImage:
+        pixels = image.width * image.height
+        if pixels > self.left:
+            raise RequestError(400, f'{image.where}: the images of the request hold more than '
+                                    f'{MAX_REQUEST_PIXELS} pixels together', 'messages')
+        self.left -= pixels
+        return image
+
+
+def _messages(messages, pixels: _PixelBudget):
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, 'messages must be a non-empty list', 'messages')
     system, keys = None, []
@@ -182,7 +230,7 @@ def _messages(messages):
             raise RequestError(400, f'{where}: tool calls are not supported by orin_llm_serve',
                                'messages')
         if role == 'user':
-            parts, key = _user_parts(message.get('content'), where)
+            parts, key = _user_parts(message.get('content'), where, pixels)
             turns.append(parts)
             keys.append(('user', key))
         else:
@@ -204,7 +252,7 @@ def _text_only(content, where: str) -> str:
     raise RequestError(400, f'{where}: content must be text', 'messages')
 
 
-def _user_parts(content, where: str):
+def _user_parts(content, where: str, pixels: _PixelBudget):
     if isinstance(content, str):
         return [content], (('text', content),)
     if not isinstance(content, list) or not content:
@@ -219,7 +267,7 @@ def _user_parts(content, where: str):
         elif kind == 'image_url':
             url = (part.get('image_url') or {}).get('url') if isinstance(
                 part.get('image_url'), dict) else part.get('image_url')
-            parts.append(decode_image(url, f'{where}.content[{j}]'))
+            parts.append(pixels.take(read_image(url, f'{where}.content[{j}]')))
             key.append(('image', hashlib.sha256(url.encode()).hexdigest()))
         else:
             raise RequestError(400, f'{where}.content[{j}]: part type {kind!r} is not supported '
@@ -227,18 +275,19 @@ def _user_parts(content, where: str):
     return parts, tuple(key)
 
 
-def decode_image(url, where: str) -> np.ndarray:
-    """The RGB uint8 array of a ``data:image/...;base64,`` URL (``RequestError`` otherwise)."""
+def read_image(url, where: str) -> EncodedImage:
+    """The image of a ``data:image/...;base64,`` URL, its header read (``RequestError``)."""
     if not isinstance(url, str) or not url.startswith('data:image/') or ';base64,' not in url:
         raise RequestError(400, f'{where}: images must be data:image/...;base64 URLs (this '
                                 'server fetches nothing)', 'messages')
     try:
         raw = base64.b64decode(url.split(';base64,', 1)[1], validate=True)
         with Image.open(io.BytesIO(raw)) as img:
-            if img.width * img.height > MAX_IMAGE_PIXELS:
-                raise RequestError(400, f'{where}: image of {img.width}x{img.height} pixels is '
-                                        f'larger than {MAX_IMAGE_PIXELS} pixels', 'messages')
-            return np.array(img.convert('RGB'))
+            width, height = img.size
     except (binascii.Error, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise RequestError(400, f'{where}: the image cannot be decoded ({exc})',
                            'messages') from None
+    if width * height > MAX_IMAGE_PIXELS:
+        raise RequestError(400, f'{where}: image of {width}x{height} pixels is larger than '
+                                f'{MAX_IMAGE_PIXELS} pixels', 'messages')
+    return EncodedImage(raw, width, height, where)

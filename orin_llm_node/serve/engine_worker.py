@@ -12,15 +12,18 @@ client that went away) skips a queued job or cancels the running one.
 Conversations map onto the prefix cache: the last ``max_conversations`` conversations are
 kept by the messages they hold (their answers included). A request whose earlier messages
 are one of them continues it (its KV, the exact tokens of its answers); any other starts a
-conversation with its history written in as the template renders it (``replay``), whose
-blocks still hit the prefix cache wherever the tokens are the same as before.
+conversation with its history written in as the template renders it (``history.replay``),
+whose blocks still hit the prefix cache wherever the tokens are the same as before.
 """
 
 from collections import OrderedDict
 import queue
 import threading
 
-__all__ = ['EngineWorker', 'Job', 'QueueFull', 'replay']
+from orin_llm_node.serve.chat_request import decoded
+from orin_llm_node.serve.history import TokenFloor, check_fits, replay
+
+__all__ = ['EngineWorker', 'Job', 'QueueFull']
 
 
 class QueueFull(Exception):
@@ -48,25 +51,12 @@ class Job:
         return self._cancelled.is_set()
 
 
-def replay(engine, conv, exchanges) -> None:
-    """Write earlier turns into ``conv`` without generating: what a new conversation needs.
-
-    Each turn is the user message as the template renders it and the answer tokenized as
-    text, closed with ``<|im_end|>``, as ``LLMEngine`` keeps an answered turn. The KV is
-    computed by the next turn's prefill (from the prefix cache where it has these tokens).
-    """
-    for parts, answer in exchanges:
-        conv.open_turn(engine.prompts.user_turn(conv.messages(), parts, []))
-        for token in engine.tokenizer.encode_text(answer):
-            conv.append_token(token)
-        conv.close_turn(answer, engine.tokenizer.im_end_id)
-
-
 class EngineWorker:
     """Owns ``engine`` on one thread; see the module docstring."""
 
     def __init__(self, engine, max_queue: int = 8, max_conversations: int = 16):
         self.engine = engine
+        self._floor = TokenFloor(engine.tokenizer)
         self.running: Job | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._kept: OrderedDict[tuple, object] = OrderedDict()
@@ -126,15 +116,20 @@ class EngineWorker:
         if conv is not None:
             return conv
         conv = self.engine.new_conversation(system_prompt=request.system)
-        replay(self.engine, conv, request.exchanges)
+        room = (self.engine.config.max_model_len - len(conv.token_ids)
+                - self._floor.of(request.parts))
+        replay(self.engine, conv, request.exchanges, self._floor, room)
         return conv
 
     def _answer(self, job):
         request = job.request
+        # Before a text of 30 MB is rendered and tokenized, to be refused then.
+        check_fits(self._floor, request.parts, self.engine.config.max_model_len)
+        parts = decoded(request.parts)
         conv = self._conversation(request)
         final = None
         try:
-            for event in self.engine.chat_stream(conv, request.parts, [], request.sampling):
+            for event in self.engine.chat_stream(conv, parts, [], request.sampling):
                 if job.cancelled:
                     self.engine.cancel()
                 if event.result is None:

@@ -5,20 +5,29 @@
     orin_llm_serve --model-path /models/Qwen3-VL-2B-Instruct --port 8000
 
 Bound to 127.0.0.1 unless ``--host`` says otherwise; ``--api-key-env NAME`` makes every
-request carry ``Authorization: Bearer $NAME``. Needs requirements/serve.txt (FastAPI,
-uvicorn). Exit codes: 0 after a signal, 2 for a bad argument or a missing dependency,
-1 when the model cannot be loaded.
+request carry ``Authorization: Bearer $NAME``; a request's ``Host`` must name this server
+(:func:`allowed_hosts`, ``--allowed-hosts``). Needs requirements/serve.txt (FastAPI,
+uvicorn). SIGINT and SIGTERM stop it alike: no new connections, answers in progress get
+``GRACE_S`` to end (then they are cancelled), the engine's thread is stopped. Exit codes: 0
+after a signal, 2 for a bad argument or a missing dependency, 1 when the model cannot be
+loaded.
 """
 
 import argparse
 import logging
 import os
 from pathlib import Path
+import signal
+import socket
 import sys
 
-__all__ = ['main']
+__all__ = ['allowed_hosts', 'main']
 
 INSTALL_HINT = 'pip install -r requirements/serve.txt (fastapi, uvicorn)'
+#: Seconds the answers in progress get to end after a signal, before they are cancelled.
+GRACE_S = 5
+_LOOPBACK = ('127.0.0.1', 'localhost', '::1')
+_WILDCARD = ('0.0.0.0', '::', '')
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--port', type=int, default=8000)
     p.add_argument('--api-key-env', default='',
                    help='name of the environment variable holding the API key (default: none)')
+    p.add_argument('--allowed-hosts', default='',
+                   help="comma-separated host names a request's Host header may name besides "
+                        'the defaults (the --host address, localhost, 127.0.0.1, ::1 and, '
+                        "bound beyond loopback, this machine's name and any IP address); "
+                        '"*" for any')
     p.add_argument('--max-queue', type=int, default=8,
                    help='requests that may wait for the engine; more are refused with 429')
     p.add_argument('--max-conversations', type=int, default=16,
@@ -56,11 +70,45 @@ def _check_args(p: argparse.ArgumentParser, args) -> None:
         p.error('--port must be in [0, 65535]')
 
 
+def allowed_hosts(host: str, extra: str = '') -> set[str]:
+    """The names a request's ``Host`` may give for a server bound to ``host``.
+
+    Loopback names always; the bound address itself; bound beyond loopback, this machine's
+    host name and fully qualified name, and on a wildcard address any IP address (``'ip'``:
+    a client that reaches the robot by address; DNS rebinding sends a name, never one);
+    ``extra``, comma-separated (``*``: any).
+    """
+    names = {*_LOOPBACK, *(h.strip() for h in extra.split(',') if h.strip())}
+    if host not in _WILDCARD:
+        names.add(host)
+    if host not in _LOOPBACK:
+        names |= {socket.gethostname(), socket.getfqdn()}
+    if host in _WILDCARD:
+        names.add('ip')
+    return names
+
+
+def _interrupt(signum, frame):
+    # SIGTERM stops the server as Ctrl-C does. uvicorn takes both signals while it serves,
+    # shuts down, puts this handler back and raises the signal again: the KeyboardInterrupt
+    # then ends uvicorn.run, and main stops the engine's thread and returns 0 (Python's own
+    # SIGTERM action would kill the process there, the thread still answering).
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     """Load the engine, warm it up, serve until a signal."""
     p = _parser()
     args = p.parse_args(argv)
     _check_args(p, args)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _serve(args)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _serve(args) -> int:
     try:
         import fastapi  # noqa: F401
         import uvicorn
@@ -94,12 +142,15 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     worker = EngineWorker(engine, args.max_queue, args.max_conversations).start()
-    app = create_app(worker, name, api_key=api_key, default_max_tokens=args.default_max_tokens,
-                     max_model_len=args.max_model_len)
-    print(f'orin_llm_serve: serving {name!r} at http://{args.host}:{args.port}/v1', flush=True)
     try:
+        app = create_app(worker, name, api_key=api_key,
+                         default_max_tokens=args.default_max_tokens,
+                         max_model_len=args.max_model_len,
+                         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts))
+        print(f'orin_llm_serve: serving {name!r} at http://{args.host}:{args.port}/v1',
+              flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    access_log=args.log_level == 'debug')
+                    access_log=args.log_level == 'debug', timeout_graceful_shutdown=GRACE_S)
     finally:
         worker.stop()
     return 0
